@@ -1,0 +1,287 @@
+"""LLMEngine: add_request / abort_request / step over one scheduler and one worker.
+
+Not thread-safe: a server calls it from a single engine thread (aborts included).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from deepinfer.engine.block_manager import BlockManager
+from deepinfer.engine.scheduler import Scheduler
+from deepinfer.engine_config import EngineConfig
+from deepinfer.sequence import Sequence, effective_seed
+
+
+@dataclass
+class StepTiming:
+    """Wall time of one step's phases (seconds) and its batch shape, for benchmarks."""
+    schedule_s: float = 0.0
+    execute_s: float = 0.0
+    update_s: float = 0.0
+    output_s: float = 0.0
+    num_seqs: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_sampled: int = 0
+    num_preempted: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.schedule_s + self.execute_s + self.update_s + self.output_s
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_free_blocks: int
+    num_used_state_slots: int
+    num_free_state_slots: int
+    num_prompt_tokens: int  # prompt tokens of requests whose prefill finished (once per request)
+    num_generation_tokens: int  # sampled tokens
+    num_preemptions: int
+    num_finished_requests: int
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling_params: Any
+    seqs: list[Sequence]
+    arrival_time: float
+    prompt_counted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, engine_config: EngineConfig, *, tokenizer=None, model_config=None,
+                 worker=None):
+        """tokenizer / model_config / worker are loaded from engine_config when None (tests and
+        tools may inject their own)."""
+        self.config = engine_config
+        if tokenizer is None:
+            from deepinfer.tokenizer import load_tokenizer
+            tokenizer = load_tokenizer(engine_config.tokenizer)
+        self.tokenizer = tokenizer
+        if model_config is None:
+            from deepinfer.config import ModelConfig
+            model_config = ModelConfig.from_pretrained(engine_config.model)
+        self.model_config = model_config
+        engine_config.resolve(model_config)
+        if worker is None:
+            from deepinfer.worker.worker import Worker
+            worker = Worker(model_config, engine_config)
+        self.worker = worker
+
+        num_blocks, block_size = int(worker.num_kv_blocks), int(worker.block_size)
+        # One sequence of max_model_len must fit the pool alone, or preemption could not
+        # guarantee progress (the oldest sequence would evict everyone and still not fit).
+        if (num_blocks - 1) * block_size < engine_config.max_model_len:
+            raise ValueError(
+                f"num_kv_blocks={num_blocks} (block_size={block_size}, block 0 reserved) holds "
+                f"{(num_blocks - 1) * block_size} tokens, fewer than max_model_len="
+                f"{engine_config.max_model_len}; raise num_kv_blocks / kv_cache_memory_bytes or "
+                f"lower max_model_len")
+        self.block_manager = BlockManager(num_blocks, block_size, int(worker.num_state_slots))
+        self.scheduler = Scheduler(engine_config, self.block_manager,
+                                   eos_token_ids=list(model_config.eos_token_ids or ()))
+        self.vocab_size = int(model_config.vocab_size)
+        self.requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._num_finished_requests = 0
+        self.last_step_timing: StepTiming | None = None
+        self.timing_hook: Callable[[StepTiming], None] | None = None
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt, sampling_params=None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request. prompt: str, list[int], or dict(prompt_token_ids=[...]) /
+        dict(prompt="..."). Raises ValueError (and changes nothing) on bad input."""
+        from deepinfer.sampling_params import SamplingParams
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        elif not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}")
+        prompt_text, token_ids = self._tokenize(prompt, sampling_params)
+        self._validate_prompt(token_ids)
+
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        n = int(getattr(sampling_params, "n", 1) or 1)
+        seqs = []
+        for index in range(n):
+            seq_id = next(self._seq_ids)
+            seq = Sequence(
+                request_id=request_id, seq_id=seq_id, prompt_token_ids=token_ids,
+                sampling_params=sampling_params, prompt=prompt_text, index=index,
+                arrival_time=arrival,
+                seed=effective_seed(getattr(sampling_params, "seed", None), self.config.seed,
+                                    seq_id, index))
+            if getattr(sampling_params, "logprobs", None) is not None:
+                seq.logprobs = []
+            seq.detokenizer = self._make_detokenizer(token_ids, sampling_params)
+            seqs.append(seq)
+        self.requests[request_id] = _Request(request_id, prompt_text, list(token_ids),
+                                             sampling_params, seqs, arrival)
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def _tokenize(self, prompt, sampling_params) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self._encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if not isinstance(ids, (list, tuple)):
+                    raise ValueError("prompt_token_ids must be a list of ints")
+                return prompt.get("prompt"), list(ids)
+            if isinstance(prompt.get("prompt"), str):
+                return prompt["prompt"], self._encode(prompt["prompt"])
+            raise ValueError("a dict prompt needs 'prompt_token_ids' (list[int]) or 'prompt' (str)")
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        raise ValueError(
+            f"prompt must be a str, a list of token ids or a dict with prompt_token_ids, "
+            f"got {type(prompt).__name__}")
+
+    def _encode(self, text: str) -> list[int]:
+        if not text:
+            raise ValueError("prompt must not be empty")
+        return list(self.tokenizer.encode(text))
+
+    def _validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("prompt must not be empty (got 0 prompt tokens)")
+        for i, t in enumerate(token_ids):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise ValueError(f"prompt token at index {i} must be an int, got {t!r}")
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(
+                    f"prompt token id {t} at index {i} is out of vocabulary: token ids must be "
+                    f"in [0, {self.vocab_size})")
+        max_len = self.config.max_model_len
+        if len(token_ids) >= max_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: the prompt "
+                f"must be shorter than max_model_len (at most {max_len - 1} tokens) to leave room "
+                f"for one generated token")
+
+    def _make_detokenizer(self, prompt_token_ids, sampling_params):
+        if self.tokenizer is None or not getattr(sampling_params, "detokenize", True):
+            return None
+        from deepinfer.tokenizer import IncrementalDetokenizer
+        return IncrementalDetokenizer(self.tokenizer, prompt_token_ids, sampling_params)
+
+    def abort_request(self, request_id: str):
+        """Stop a request and free its cache. Returns its final RequestOutput (finish_reason
+        "abort"), or None when the id is unknown or already finished."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        out = self._make_output(req)
+        self._retire(req)
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- stepping -------------------------------------------------------------------------
+    def step(self) -> list:
+        """Run one batch. Returns a RequestOutput for every request that got a token or finished."""
+        timing = StepTiming()
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if sched.scheduled:
+            sampler_output = self.worker.execute(sched.scheduled)
+        else:
+            if self.scheduler.running:
+                raise RuntimeError("scheduler made no progress with running sequences")
+            sampler_output = None
+        t2 = time.perf_counter()
+        changed = self.scheduler.update(sched.scheduled, sampler_output)
+        t3 = time.perf_counter()
+
+        touched: dict[str, _Request] = {}
+        for seq in changed:
+            req = self.requests[seq.request_id]
+            touched[req.request_id] = req
+            self._num_generation_tokens += 1
+            if not req.prompt_counted:
+                req.prompt_counted = True
+                self._num_prompt_tokens += len(req.prompt_token_ids)
+        outputs = []
+        for req in touched.values():
+            outputs.append(self._make_output(req))
+            if req.finished:
+                self._retire(req)
+        t4 = time.perf_counter()
+
+        timing.schedule_s, timing.execute_s = t1 - t0, t2 - t1
+        timing.update_s, timing.output_s = t3 - t2, t4 - t3
+        timing.num_seqs = len(sched.scheduled)
+        for item in sched.scheduled:
+            if item.is_decode:
+                timing.num_decode_tokens += item.num_new_tokens
+            else:
+                timing.num_prefill_tokens += item.num_new_tokens
+        timing.num_sampled = len(changed)
+        timing.num_preempted = len(sched.preempted)
+        self.last_step_timing = timing
+        if self.timing_hook is not None:
+            self.timing_hook(timing)
+        return outputs
+
+    def _retire(self, req: _Request) -> None:
+        del self.requests[req.request_id]
+        self._num_finished_requests += 1
+
+    def _make_output(self, req: _Request):
+        from deepinfer.outputs import CompletionOutput, RequestOutput
+        completions = []
+        for seq in req.seqs:
+            new_tokens = seq.output_token_ids[seq.num_emitted_tokens:]
+            seq.num_emitted_tokens = seq.num_output_tokens
+            text = seq.output_text
+            delta_text = text[seq.num_emitted_chars:]
+            seq.num_emitted_chars = len(text)
+            completions.append(CompletionOutput(
+                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
+                cumulative_logprob=seq.cumulative_logprob,
+                logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                delta_text=delta_text, delta_token_ids=new_tokens))
+        return RequestOutput(request_id=req.request_id, prompt=req.prompt,
+                             prompt_token_ids=list(req.prompt_token_ids), outputs=completions,
+                             finished=req.finished)
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_used_blocks=bm.num_used_blocks, num_free_blocks=bm.num_free_blocks,
+            num_used_state_slots=bm.num_used_state_slots,
+            num_free_state_slots=bm.num_free_state_slots,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_finished_requests=self._num_finished_requests)

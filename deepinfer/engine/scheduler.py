@@ -1,0 +1,246 @@
+"""Scheduler: waiting/running queues, chunked prefill, preemption by recompute.
+
+One step mixes decodes and prefill chunks under `max_num_seqs` and `max_num_batched_tokens`:
+  1. every running sequence whose prefill is done decodes (1 token each, arrival order);
+  2. running sequences with an unfinished prefill get their next chunk;
+  3. waiting sequences are admitted FCFS (skipped in a step that preempted, to avoid thrashing).
+A chunk samples (`do_sample`) only when it reaches the end of the sequence's known tokens.
+
+When the pool cannot cover a sequence's next tokens, the most recently arrived running sequence
+that is not yet scheduled this step is preempted: its blocks and state slot are freed, its
+computed count drops to 0 and it goes to the front of `waiting`, to be prefilled again (prompt +
+the outputs it already has). The sampler keys its random draws on (seed, position), so a
+recomputed sequence produces the same tokens it would have without preemption.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from deepinfer.engine.block_manager import BlockManager
+from deepinfer.engine_config import EngineConfig
+from deepinfer.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens fed this step: seq.token_ids[computed : computed + num_new_tokens]
+    do_sample: bool  # sample one token after the last fed token
+    is_decode: bool = False  # a decode row (prefill was complete before this step)
+
+    @property
+    def start_pos(self) -> int:
+        return self.seq.num_computed_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def _arrival_key(seq: Sequence):
+    return (seq.arrival_time, seq.seq_id)
+
+
+class Scheduler:
+    def __init__(self, engine_config: EngineConfig, block_manager: BlockManager,
+                 eos_token_ids: list[int] | tuple[int, ...] = ()):
+        assert engine_config.max_model_len is not None, "resolve the EngineConfig first"
+        self.config = engine_config
+        self.block_manager = block_manager
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # kept in arrival order: the tail is the preemption victim
+        self.num_preemptions = 0
+
+    # ---- queue management -----------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        assert seq.status == SequenceStatus.WAITING and seq.num_computed_tokens == 0
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Finish every sequence of the request as aborted and free its cache; returns them."""
+        aborted = [s for s in self.waiting if s.request_id == request_id]
+        aborted += [s for s in self.running if s.request_id == request_id]
+        if not aborted:
+            return []
+        self.waiting = deque(s for s in self.waiting if s.request_id != request_id)
+        self.running = [s for s in self.running if s.request_id != request_id]
+        for seq in aborted:
+            self.block_manager.free(seq)
+            seq.finish(SequenceStatus.FINISHED_ABORTED)
+        return aborted
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _insert_running(self, seq: Sequence) -> None:
+        keys = [_arrival_key(s) for s in self.running]
+        self.running.insert(bisect.bisect(keys, _arrival_key(seq)), seq)
+
+    # ---- scheduling -----------------------------------------------------------------------
+    def _decode_len(self, seq: Sequence) -> int:
+        # Tokens a decode row feeds. 1 today; speculative decoding will add draft tokens here.
+        return 1
+
+    def schedule(self) -> SchedulerOutput:
+        bm = self.block_manager
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        taken: set[int] = set()  # seq_ids scheduled this step (never preempted afterwards)
+
+        for seq in self.running:
+            assert seq.num_pending_tokens >= 1, f"running seq {seq.seq_id} has nothing to compute"
+        decodes = [s for s in self.running if s.num_pending_tokens == 1]
+        prefills = [s for s in self.running if s.num_pending_tokens > 1]
+
+        for seq in decodes + prefills:
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this step
+                continue
+            is_decode = seq.num_pending_tokens == 1
+            want = self._decode_len(seq) if is_decode else min(seq.num_pending_tokens, budget)
+            if want < 1 or want > budget:
+                continue
+            while True:
+                if is_decode:
+                    fits = bm.can_allocate(seq, seq.num_computed_tokens + want)
+                else:
+                    # A prefill chunk shrinks to what the pool can hold before anyone is evicted.
+                    want = min(want, bm.max_tokens_coverable(seq) - seq.num_computed_tokens)
+                    fits = want >= 1
+                if fits:
+                    break
+                victim = next(s for s in reversed(self.running) if s.seq_id not in taken)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                continue
+            self._schedule(out, seq, want, is_decode)
+            taken.add(seq.seq_id)
+            budget -= want
+
+        # Admitting new work in a step that had to evict would only evict it again.
+        while self.waiting and not out.preempted and budget > 0 \
+                and len(self.running) < self.config.max_num_seqs and bm.num_free_state_slots > 0:
+            seq = self.waiting[0]
+            want = min(seq.num_pending_tokens, budget,
+                       bm.max_tokens_coverable(seq) - seq.num_computed_tokens)
+            if want < 1:
+                break  # FCFS: the head waits for blocks; nobody overtakes it
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self._insert_running(seq)
+            self._schedule(out, seq, want)
+            budget -= want
+
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
+                  is_decode: bool = False) -> None:
+        self.block_manager.allocate(seq, seq.num_computed_tokens + num_new_tokens)
+        do_sample = seq.num_computed_tokens + num_new_tokens == len(seq)
+        out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode))
+
+    # ---- results --------------------------------------------------------------------------
+    def update(self, scheduled: list[ScheduledSeq], sampler_output) -> list[Sequence]:
+        """Apply one step's results; returns the sequences that got a token (finished included).
+
+        `sampler_output` holds one row per ScheduledSeq with do_sample, in order (token_ids,
+        logprobs, optional top_ids/top_logprobs); it may be None when nothing samples.
+        """
+        rows = _SamplerRows(sampler_output)
+        changed: list[Sequence] = []
+        for item in scheduled:
+            seq = item.seq
+            row = rows.next() if item.do_sample else None
+            if seq.status != SequenceStatus.RUNNING:  # aborted between schedule and update
+                continue
+            seq.num_computed_tokens += item.num_new_tokens
+            assert seq.num_computed_tokens <= len(seq)
+            if row is None:
+                continue
+            token_id, logprob, top = row
+            want_top = seq.logprobs is not None
+            seq.append_token(token_id, logprob, top if want_top else None)
+            self._check_stop(seq)
+            changed.append(seq)
+            if seq.is_finished:
+                self.running.remove(seq)
+                self.block_manager.free(seq)
+        rows.check_consumed()
+        return changed
+
+    def _check_stop(self, seq: Sequence) -> None:
+        sp = seq.sampling_params
+        token_id = seq.output_token_ids[-1]
+        stop_str = None
+        if seq.detokenizer is not None:
+            # The detokenizer sees every token (EOS included) so text and stop strings stay exact.
+            stop_str = seq.detokenizer.step(token_id)
+        num_out = seq.num_output_tokens
+        if num_out >= (getattr(sp, "min_tokens", 0) or 0):
+            if not getattr(sp, "ignore_eos", False) and token_id in self.eos_token_ids:
+                seq.finish(SequenceStatus.FINISHED_STOPPED)
+                return
+            if token_id in (getattr(sp, "stop_token_ids", None) or ()):
+                seq.finish(SequenceStatus.FINISHED_STOPPED, token_id)
+                return
+            if stop_str is not None:
+                seq.finish(SequenceStatus.FINISHED_STOPPED, stop_str)
+                return
+        max_tokens = getattr(sp, "max_tokens", None)
+        if (max_tokens is not None and num_out >= max_tokens) or len(seq) >= self.config.max_model_len:
+            seq.finish(SequenceStatus.FINISHED_LENGTH)
+
+
+class _SamplerRows:
+    """Iterates a SamplerOutput's rows as (token_id, logprob, {top_id: top_logprob})."""
+
+    def __init__(self, sampler_output):
+        self.i = 0
+        if sampler_output is None:
+            self.token_ids, self.logprobs, self.top_ids, self.top_logprobs = [], [], None, None
+            return
+        self.token_ids = _to_list(sampler_output.token_ids)
+        self.logprobs = _to_list(getattr(sampler_output, "logprobs", None))
+        self.top_ids = _to_list(getattr(sampler_output, "top_ids", None))
+        self.top_logprobs = _to_list(getattr(sampler_output, "top_logprobs", None))
+
+    def next(self):
+        i = self.i
+        assert i < len(self.token_ids), "sampler returned fewer rows than do_sample chunks"
+        self.i += 1
+        logprob = self.logprobs[i] if self.logprobs is not None else None
+        top = None
+        if self.top_ids is not None and self.top_logprobs is not None:
+            top = dict(zip(self.top_ids[i], self.top_logprobs[i]))
+        return int(self.token_ids[i]), logprob, top
+
+    def check_consumed(self) -> None:
+        assert self.i == len(self.token_ids), (
+            f"sampler returned {len(self.token_ids)} rows for {self.i} do_sample chunks")
+
+
+def _to_list(x):
+    if x is None:
+        return None
+    return x.tolist() if hasattr(x, "tolist") else list(x)

@@ -1,0 +1,154 @@
+"""Every DEEPINFER_* environment variable: the only module that reads os.environ for them.
+
+Each variable is one `EnvVar` row in `ENV_VARS`. Values are read at call time (`get(name)` or the
+module attribute `envs.DEEPINFER_X`), never cached at import, so tests can monkeypatch os.environ.
+Code that is traced (Neuron regions) must resolve what it needs before tracing, so Dynamo never
+guards on the environment (neuron.md).
+
+To add a variable: append an `EnvVar` row below, then regenerate the README table with
+`python -m deepinfer.envs` (tests/test_envs_readme.py fails until the README matches).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: `kind` is bool | int | str | choice | int_list."""
+
+    name: str
+    default: Any
+    kind: str
+    meaning: str
+    choices: tuple[str, ...] = ()
+
+    def parse(self, raw: str) -> Any:
+        """Parse the raw string; ValueError names the variable and the allowed values."""
+        text = raw.strip()
+        if self.kind == "bool":
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise ValueError(f"{self.name} must be one of 0/1/true/false (got {raw!r})")
+        if self.kind == "int":
+            try:
+                value = int(text, 0)
+            except ValueError:
+                raise ValueError(f"{self.name} must be an integer (got {raw!r})") from None
+            if value < 0:
+                raise ValueError(f"{self.name} must be >= 0 (got {value})")
+            return value
+        if self.kind == "int_list":
+            try:
+                values = [int(x) for x in text.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"{self.name} must be comma-separated positive integers (got {raw!r})") from None
+            if not values or any(v <= 0 for v in values):
+                raise ValueError(f"{self.name} must be comma-separated positive integers (got {raw!r})")
+            return sorted(set(values))
+        if self.kind == "choice":
+            value = text.lower() if all(c == c.lower() for c in self.choices) else text.upper()
+            if value not in self.choices:
+                raise ValueError(f"{self.name} must be one of {'|'.join(self.choices)} (got {raw!r})")
+            return value
+        if self.kind == "str":
+            return text
+        raise AssertionError(f"unknown kind {self.kind!r} for {self.name}")
+
+    @property
+    def type_text(self) -> str:
+        """The type column of the README table."""
+        if self.kind == "choice":
+            return " \\| ".join(self.choices)
+        return {"bool": "bool (0/1)", "int": "int", "str": "str", "int_list": "int list (comma-separated)"}[self.kind]
+
+    @property
+    def default_text(self) -> str:
+        """The default column of the README table."""
+        if self.default is None:
+            return "unset"
+        if self.kind == "bool":
+            return "1" if self.default else "0"
+        if isinstance(self.default, list):
+            return ",".join(str(v) for v in self.default)
+        return str(self.default)
+
+
+ENV_VARS: list[EnvVar] = [
+    EnvVar("DEEPINFER_ACCELERATOR", None, "choice",
+           "Platform to run on; wins over detection. Unset: /dev/neuron* -> neuron, CUDA -> cuda, else cpu.",
+           ("cpu", "cuda", "neuron")),
+    EnvVar("DEEPINFER_NEURON_HOST", False, "bool",
+           "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists."),
+    EnvVar("DEEPINFER_NEURON_CTX_BUCKETS", None, "int_list",
+           "Context-length buckets of the Neuron graphs. Unset: powers of two up to max_model_len."),
+    EnvVar("DEEPINFER_NEURON_PREFILL_BUCKET", None, "int",
+           "Prefill chunk size (tokens) compiled for Neuron. Unset: chosen from the engine config."),
+    EnvVar("DEEPINFER_NEURON_REGION_SPLIT", False, "bool",
+           "Compile the attention half and the MoE of a layer as two regions instead of one."),
+    EnvVar("DEEPINFER_NEURON_FP8_GUARD", False, "bool",
+           "Report every unsafe float8 op (cat, stack, index, gather, scatter, where) seen at run time."),
+    EnvVar("DEEPINFER_NEURON_COMPILE_BACKEND", "aot_eager", "choice",
+           "torch.compile backend for Neuron regions in host mode.", ("aot_eager", "inductor")),
+    EnvVar("DEEPINFER_LOG_LEVEL", "INFO", "choice",
+           "Log level of the deepinfer loggers.", ("DEBUG", "INFO", "WARNING", "ERROR")),
+    EnvVar("DEEPINFER_KV_CACHE_MEMORY_BYTES", 1 << 30, "int",
+           "Memory budget (bytes) for the KV block pool when num_kv_blocks is not given."),
+    EnvVar("DEEPINFER_ENGRAM_STOP_AT_BOS", False, "bool",
+           "Engram n-gram lookbacks stop at BOS/EOS (model.md §8 open item; DI behaviour unknown)."),
+]
+
+_BY_NAME = {v.name: v for v in ENV_VARS}
+assert len(_BY_NAME) == len(ENV_VARS), "duplicate DEEPINFER_* entry"
+assert all("|" not in v.meaning for v in ENV_VARS), "a meaning may not contain '|' (README table cell)"
+
+
+def spec(name: str) -> EnvVar:
+    """The registry row of `name`; KeyError for an unregistered variable."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a registered DEEPINFER_* variable (add it to deepinfer/envs.py)") from None
+
+
+def get(name: str) -> Any:
+    """The parsed value of `name` now (os.environ read at call time), or its default."""
+    row = spec(name)
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return row.default
+    return row.parse(raw)
+
+
+def is_set(name: str) -> bool:
+    """Whether `name` is present in the environment (with a non-empty value)."""
+    spec(name)
+    return bool(os.environ.get(name, "").strip())
+
+
+def __getattr__(attr: str) -> Any:
+    # `envs.DEEPINFER_X` reads lazily, like get().
+    if attr in _BY_NAME:
+        return get(attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def markdown_table() -> str:
+    """The README table of every variable, one row per registry entry."""
+    lines = ["| Variable | Default | Type | Meaning |", "|---|---|---|---|"]
+    for row in ENV_VARS:
+        lines.append(f"| `{row.name}` | {row.default_text} | {row.type_text} | {row.meaning} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table() + "\n")

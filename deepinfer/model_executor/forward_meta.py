@@ -1,0 +1,171 @@
+"""Host-built metadata of one forward step (model.md §5; design.md §4).
+
+The model never looks at Python sequence objects: everything it needs about which cache rows to read
+and write arrives here as index tensors built on the host, so the same forward serves prefill,
+chunked prefill, decode and padded static-shape graphs.
+
+Cache addressing (see worker/cache_engine.py):
+- SWA ring: per state slot `W` rows, row = slot * W + pos % W.
+- Compressor state ring: per state slot `S` rows (raw projected (c, z) of the most recent tokens),
+  row = slot * S + pos % S.
+- Compressed entries (main KV and index keys): paged; a block of `block_size` tokens holds
+  `block_size // m` entries of a ratio-m layer; entry w of a sequence lives at row
+  block_table[w // epb] * epb + w % epb.
+Rows that belong to the current step's new tokens are addressed past the end of the ring
+(`ring_rows + flat token index`), so attention reads `cat([ring, new_rows])[idx]`.
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SeqChunk:
+    """One sequence's share of a step."""
+    slot: int                 # state slot (0 = scratch, for padding rows)
+    ctx_len: int              # tokens already in the cache
+    num_new: int              # tokens computed this step
+    block_table: list[int]    # blocks covering at least ctx_len + num_new tokens
+    token_ids: list[int]      # the sequence's tokens, at least up to ctx_len + num_new
+    num_logits: int = 1       # logits rows wanted (the last `num_logits` new tokens), 0 for none
+
+
+@dataclass
+class CompressMeta:
+    ratio: int
+    ring: int                 # state ring rows per slot
+    overlap: bool
+    src_idx: torch.Tensor     # [E, m or 2m] rows of cat([state_ring, new_rows]) pooled into each new entry
+    src_valid: torch.Tensor   # [E, m or 2m]
+    entry_pos: torch.Tensor   # [E] position of the entry (= w * m), for RoPE
+    entry_dst: torch.Tensor   # [E] row in the entry pool
+    state_src: torch.Tensor   # [R] new-token flat indices whose (c, z) are saved in the state ring
+    state_dst: torch.Tensor   # [R]
+    vis_idx: torch.Tensor     # [T, maxE] pool row of entry w (column w) for each token
+    vis_valid: torch.Tensor   # [T, maxE] w < (pos + 1) // m
+    n_vis: torch.Tensor       # [T]
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor       # [T]
+    positions: torch.Tensor       # [T]
+    token_seq: torch.Tensor       # [T] batch row of each token
+    logits_indices: torch.Tensor  # [N]
+    swa_idx: torch.Tensor         # [T, W] rows of cat([swa_ring, new_kv])
+    swa_valid: torch.Tensor       # [T, W]
+    swa_write_src: torch.Tensor   # [R]
+    swa_write_dst: torch.Tensor   # [R]
+    ring_rows: int                # num_slots * W
+    comp: dict = field(default_factory=dict)  # (ratio, ring, overlap) -> CompressMeta
+    ngram_ids: torch.Tensor | None = None      # [T, N] compressed ids of tokens t, t-1, ... (pad before start)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class CacheLayout:
+    """What the metadata builder needs to know about the model's caches."""
+    window: int
+    num_slots: int
+    block_size: int
+    compressors: list[tuple[int, int, bool]]  # (ratio, state ring rows, overlap)
+    engram: object = None                     # EngramHashSpec when the model has Engram layers
+
+
+def _pool_rows(tables: torch.Tensor, seq_of: torch.Tensor, w: torch.Tensor, epb: int) -> torch.Tensor:
+    blk_col = torch.clamp(w // epb, max=tables.shape[1] - 1)
+    blk = tables[seq_of, blk_col] if tables.numel() else torch.zeros_like(w)
+    return blk * epb + w % epb
+
+
+def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs:
+    nb = len(chunks)
+    ctx = torch.tensor([c.ctx_len for c in chunks], dtype=torch.long)
+    new = torch.tensor([c.num_new for c in chunks], dtype=torch.long)
+    slot = torch.tensor([c.slot for c in chunks], dtype=torch.long)
+    start = torch.cumsum(new, 0) - new
+    t = int(new.sum())
+    token_seq = torch.repeat_interleave(torch.arange(nb), new)
+    positions = ctx[token_seq] + (torch.arange(t) - start[token_seq])
+    ids = []
+    for c in chunks:
+        ids.extend(c.token_ids[c.ctx_len:c.ctx_len + c.num_new])
+    input_ids = torch.tensor(ids, dtype=torch.long)
+    logits = []
+    for b, c in enumerate(chunks):
+        k = min(c.num_logits, c.num_new)
+        end = int(start[b]) + c.num_new
+        logits.extend(range(end - k, end))
+    logits_indices = torch.tensor(logits, dtype=torch.long)
+    max_blocks = max([len(c.block_table) for c in chunks] + [1])
+    tables = torch.zeros(nb, max_blocks, dtype=torch.long)
+    for b, c in enumerate(chunks):
+        if c.block_table:
+            tables[b, :len(c.block_table)] = torch.tensor(c.block_table, dtype=torch.long)
+
+    tok_ctx, tok_start, tok_slot = ctx[token_seq], start[token_seq], slot[token_seq]
+    end_pos = (ctx + new)[token_seq]
+
+    def addr(p: torch.Tensor, ring: int, ring_rows: int, seq_of=None) -> torch.Tensor:
+        """Row of position p: past tokens in the ring, this step's tokens after the ring."""
+        s = token_seq if seq_of is None else seq_of
+        in_step = p >= ctx[s]
+        ring_row = slot[s] * ring + torch.remainder(p, ring)
+        new_row = ring_rows + start[s] + (p - ctx[s])
+        return torch.where(in_step, new_row, ring_row)
+
+    w = layout.window
+    ring_rows = layout.num_slots * w
+    kp = positions[:, None] - (w - 1) + torch.arange(w)[None, :]
+    swa_valid = kp >= 0
+    kpc = kp.clamp(min=0)
+    swa_idx = addr(kpc, w, ring_rows, token_seq[:, None].expand_as(kpc))
+    keep = positions >= end_pos - w
+    swa_write_src = torch.nonzero(keep).flatten()
+    swa_write_dst = tok_slot[keep] * w + positions[keep] % w
+
+    comp = {}
+    for (m, ring, overlap) in layout.compressors:
+        epb = layout.block_size // m
+        assert epb * m == layout.block_size, "block_size must be a multiple of every compress ratio"
+        w0 = ctx // m
+        w1 = (ctx + new) // m
+        ne = (w1 - w0).clamp(min=0)
+        e_seq = torch.repeat_interleave(torch.arange(nb), ne)
+        e_w = w0[e_seq] + (torch.arange(int(ne.sum())) - (torch.cumsum(ne, 0) - ne)[e_seq])
+        offs = torch.arange(m)
+        src_pos = e_w[:, None] * m + offs[None, :]
+        valid = torch.ones_like(src_pos, dtype=torch.bool)
+        if overlap:
+            a_pos = (e_w[:, None] - 1) * m + offs[None, :]
+            valid = torch.cat([a_pos >= 0, valid], dim=1)
+            src_pos = torch.cat([a_pos.clamp(min=0), src_pos], dim=1)
+        state_rows = layout.num_slots * ring
+        src_idx = addr(src_pos, ring, state_rows, e_seq[:, None].expand_as(src_pos))
+        src_idx = torch.where(valid, src_idx, torch.zeros_like(src_idx))
+        entry_dst = _pool_rows(tables, e_seq, e_w, epb)
+        skeep = positions >= end_pos - ring
+        n_vis = (positions + 1) // m
+        max_e = int(n_vis.max()) if t else 0
+        wcol = torch.arange(max_e)[None, :].expand(t, max_e)
+        vis_valid = wcol < n_vis[:, None]
+        vis_idx = _pool_rows(tables, token_seq[:, None].expand_as(wcol), wcol, epb)
+        vis_idx = torch.where(vis_valid, vis_idx, torch.zeros_like(vis_idx))
+        comp[(m, ring, overlap)] = CompressMeta(
+            ratio=m, ring=ring, overlap=overlap, src_idx=src_idx, src_valid=valid,
+            entry_pos=e_w * m, entry_dst=entry_dst,
+            state_src=torch.nonzero(skeep).flatten(),
+            state_dst=tok_slot[skeep] * ring + positions[skeep] % ring,
+            vis_idx=vis_idx, vis_valid=vis_valid, n_vis=n_vis)
+
+    ngram_ids = None
+    if layout.engram is not None:
+        ngram_ids = layout.engram.batch_ngram_ids([(c.token_ids, c.ctx_len, c.num_new) for c in chunks])
+
+    return StepInputs(input_ids=input_ids, positions=positions, token_seq=token_seq,
+                      logits_indices=logits_indices, swa_idx=swa_idx, swa_valid=swa_valid,
+                      swa_write_src=swa_write_src, swa_write_dst=swa_write_dst, ring_rows=ring_rows,
+                      comp=comp, ngram_ids=ngram_ids)

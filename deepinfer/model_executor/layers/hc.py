@@ -1,0 +1,52 @@
+"""Manifold-constrained hyper-connections (mHC), model.md §3.2."""
+import torch
+
+
+def sinkhorn(c0: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """c0: [..., n, n] logits (row j = source stream, col k = destination). Softmax over the last axis,
+    +eps, then alternate column/row normalisation; the first step is a column normalisation."""
+    c = torch.softmax(c0, dim=-1) + eps
+    c = c / (c.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(dim=-1, keepdim=True) + eps)
+        c = c / (c.sum(dim=-2, keepdim=True) + eps)
+    return c
+
+
+def hc_mixes(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+             norm_eps: float, hc_eps: float, iters: int):
+    """x: [T, n, D] trunk. Returns pre [T, n], post [T, n], comb [T, n, n] (all fp32)."""
+    t, n, dim = x.shape
+    flat = x.reshape(t, n * dim).float()
+    # unweighted RMS over all n*D values applied after the GEMM (equal to fn @ RMS(x))
+    rstd = torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    m = (flat @ fn.float().t()) * rstd
+    base = base.float()
+    scale = scale.float()
+    m_pre, m_post, m_comb = m.split([n, n, n * n], dim=-1)
+    b_pre, b_post, b_comb = base.split([n, n, n * n])
+    pre = torch.sigmoid(m_pre * scale[0] + b_pre) + hc_eps
+    post = 2.0 * torch.sigmoid(m_post * scale[1] + b_post)
+    comb = sinkhorn((m_comb * scale[2] + b_comb).view(t, n, n), iters, hc_eps)
+    return pre, post, comb
+
+
+def hc_pre_apply(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """u = sum_i pre_i * X[i] in fp32, cast to the trunk dtype."""
+    return (pre.unsqueeze(-1) * x.float()).sum(dim=1).to(x.dtype)
+
+
+def hc_post_apply(x: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """X'[k] = post_k * y + sum_j comb[j, k] X[j] (comb applied transposed), in fp32."""
+    mixed = torch.einsum("tjk,tjd->tkd", comb, x.float())
+    return (post.unsqueeze(-1) * y.float().unsqueeze(1) + mixed).to(x.dtype)
+
+
+def hc_head_weights(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                    norm_eps: float, hc_eps: float) -> torch.Tensor:
+    """V4 HC head: w = sigmoid(scale * (fn @ RMS(flat X)) + base) + eps, [T, n]."""
+    t, n, dim = x.shape
+    flat = x.reshape(t, n * dim).float()
+    rstd = torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    m = (flat @ fn.float().t()) * rstd
+    return torch.sigmoid(m * scale.float() + base.float()) + hc_eps

@@ -1,0 +1,52 @@
+"""Sparse selection: indexer scores, stable top-k, and V4.1's candidate-block prefilter
+(model.md §3.4, §3.5, §4.3)."""
+import torch
+
+_BF16_MAX = float(torch.finfo(torch.bfloat16).max)
+
+
+def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor,
+                 key_scale: float = 1.0) -> torch.Tensor:
+    """q: [T, nI, dI]; keys: [T, E, dI]; weights: [T, nI] (fp32).
+    score(t, w) = sum_h weights[t, h] * ReLU(<q_h, k_w>) * key_scale; invalid entries -> -inf."""
+    s = torch.relu(torch.einsum("thd,ted->the", q.float(), keys.float())) * key_scale
+    s = (s * weights.float()[..., None]).sum(dim=1)
+    return s.masked_fill(~valid, float("-inf"))
+
+
+def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest scores per row, ties to the lower index; -1 where the score is -inf."""
+    k = min(k, scores.shape[1])
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]
+    picked = scores.gather(1, order)
+    return torch.where(picked > float("-inf"), order, torch.full_like(order, -1))
+
+
+def candidate_blocks(scores: torch.Tensor, n_vis: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
+    """Block selection at the candidate source layer. Returns [T, topk_blocks] block ids sorted ascending,
+    -1 padded at the end. Block score = max over the block (bf16-clamped), last valid block forced +inf."""
+    t, e = scores.shape
+    nblk = max(1, -(-e // block))
+    pad = torch.full((t, nblk * block), float("-inf"), dtype=torch.float32, device=scores.device)
+    pad[:, :e] = scores.float()
+    bmax = pad.view(t, nblk, block).amax(dim=-1).clamp(-_BF16_MAX, _BF16_MAX)
+    n_valid_blk = (n_vis + block - 1) // block
+    col = torch.arange(nblk, device=scores.device)[None, :]
+    bmax = torch.where(col < n_valid_blk[:, None], bmax, torch.full_like(bmax, float("-inf")))
+    last = (col == (n_valid_blk[:, None] - 1)) & (n_valid_blk[:, None] > 0)
+    bmax = torch.where(last, torch.full_like(bmax, float("inf")), bmax)
+    sel = stable_topk(bmax, topk_blocks)  # [T, min(nblk, topk_blocks)]
+    big = torch.iinfo(torch.long).max
+    sel = torch.sort(torch.where(sel >= 0, sel, torch.full_like(sel, big)), dim=1).values
+    sel = torch.where(sel == big, torch.full_like(sel, -1), sel)
+    if sel.shape[1] < topk_blocks:
+        sel = torch.cat([sel, sel.new_full((t, topk_blocks - sel.shape[1]), -1)], dim=1)
+    return sel
+
+
+def candidate_entry_mask(cand: torch.Tensor, num_entries: int, block: int) -> torch.Tensor:
+    """[T, num_entries] True for entries inside a selected candidate block."""
+    t = cand.shape[0]
+    blk_of = torch.arange(num_entries, device=cand.device) // block
+    return (blk_of[None, :, None] == cand[:, None, :]).any(dim=-1) if num_entries else \
+        torch.zeros(t, 0, dtype=torch.bool, device=cand.device)

@@ -1,0 +1,51 @@
+"""MoE routing and SwiGLU experts (model.md §3.6)."""
+import torch
+import torch.nn.functional as F
+
+
+def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, topk: int,
+          scaling: float, hashed_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (expert ids [T, k], weights [T, k] fp32). sqrtsoftplus scores; selection by the top-k of
+    score + bias (stable: ties to the lower expert) or by the hash table; weights from unbiased scores."""
+    logits = x.float() @ gate_w.float().t()
+    scores = torch.sqrt(F.softplus(logits))
+    if hashed_ids is not None:
+        idx = hashed_ids.long()
+    else:
+        sel = scores + bias.float() if bias is not None else scores
+        idx = torch.sort(sel, dim=-1, descending=True, stable=True).indices[:, :topk]
+    w = scores.gather(1, idx)
+    w = w / (w.sum(dim=-1, keepdim=True) + 1e-20) * scaling
+    return idx, w
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor, limit: float) -> torch.Tensor:
+    return (F.silu(a.float().clamp(max=limit)) * b.float().clamp(-limit, limit)).to(a.dtype)
+
+
+def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, limit: float) -> torch.Tensor:
+    return swiglu(x @ w1.t(), x @ w3.t(), limit) @ w2.t()
+
+
+def routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                   w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """x: [T, D]; w13: [E, 2I, D] (gate rows first); w2: [E, D, I]. Loops over the experts that got tokens."""
+    t, dim = x.shape
+    out = torch.zeros(t, dim, dtype=torch.float32, device=x.device)
+    flat_e = idx.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=w13.shape[0]).tolist()
+    tok = (order // idx.shape[1])
+    wts = weights.reshape(-1)[order]
+    inter = w2.shape[2]
+    pos = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = tok[pos:pos + n]
+        xe = x[rows]
+        gu = xe @ w13[e].t()
+        y = swiglu(gu[:, :inter], gu[:, inter:], limit) @ w2[e].t()
+        out.index_add_(0, rows, y.float() * wts[pos:pos + n, None])
+        pos += n
+    return out.to(x.dtype)

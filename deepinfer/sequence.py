@@ -1,0 +1,180 @@
+"""Sequence: one generated stream of a request (a request with n > 1 owns n sequences).
+
+Token bookkeeping: `token_ids` = prompt + outputs. The first `num_computed_tokens` of them have
+their KV / recurrent state in the cache; the rest are pending and get fed to the model by the
+next scheduled chunk. A decoding sequence has exactly one pending token (the last sample).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+_U64 = (1 << 64) - 1
+_SEED_MASK = (1 << 63) - 1  # seeds stay non-negative in int64 tensors
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+}
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
+
+
+def effective_seed(request_seed: int | None, engine_seed: int, seq_id: int, index: int) -> int:
+    """The sampling seed of one sequence.
+
+    - Seeded request: seed + index (index = the sequence's place among the request's n outputs),
+      so n > 1 gives n different but reproducible streams and n = 1 uses the user's seed as is.
+    - Unseeded request: a hash of (engine seed, seq_id). seq_ids are handed out in add order, so
+      the same engine seed and the same request order reproduce the same tokens, and because the
+      sampler keys its draws on (seed, position) the result never depends on batching or
+      preemption.
+    """
+    if request_seed is not None:
+        return (request_seed + index) & _SEED_MASK
+    return _splitmix64(((engine_seed & _U64) * 0x9E3779B97F4A7C15 + seq_id) & _U64) & _SEED_MASK
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    seq_id: int
+    prompt_token_ids: list[int]
+    sampling_params: Any
+    seed: int
+    prompt: str | None = None
+    index: int = 0  # which of the request's n outputs this is
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    state_slot: int | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    # Logprob of each sampled output token (always kept: cumulative_logprob and truncate need it).
+    token_logprobs: list[float] = field(default_factory=list)
+    # Per output token {token_id: logprob} (sampled token + top-k); None when not requested.
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float = 0.0
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+    # deepinfer.tokenizer.IncrementalDetokenizer (None when detokenize is off or no tokenizer)
+    detokenizer: Any = None
+    # Text emitted so far to the caller (streaming); the engine advances these.
+    num_emitted_tokens: int = 0
+    num_emitted_chars: int = 0
+
+    def __post_init__(self):
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        assert self.prompt_token_ids, "a sequence needs at least one prompt token"
+
+    # ---- token views ---------------------------------------------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return len(self) - self.num_computed_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
+
+    @property
+    def output_text(self) -> str:
+        return self.detokenizer.output_text if self.detokenizer is not None else ""
+
+    # ---- mutation ------------------------------------------------------------------------
+    def append_token(self, token_id: int, logprob: float | None = None,
+                     top: dict[int, float] | None = None) -> None:
+        lp = float(logprob) if logprob is not None else 0.0
+        self.output_token_ids.append(int(token_id))
+        self.token_logprobs.append(lp)
+        self.cumulative_logprob += lp
+        if self.logprobs is not None:
+            entry = {int(token_id): lp}
+            if top:
+                for tid, lp in top.items():
+                    entry.setdefault(int(tid), float(lp))
+            self.logprobs.append(entry)
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+
+    def truncate(self, new_len: int) -> None:
+        """Reset the sequence to its first `new_len` tokens (speculative-decoding rollback).
+
+        Output tokens past new_len are dropped with their logprobs; the cache needs nothing
+        else, because every cache entry is keyed by position and is rewritten before it is read
+        again (model.md §5.3). Blocks stay allocated. The detokenizer is not rewound: call this
+        before the dropped tokens were detokenized, or rebuild the detokenizer.
+        """
+        assert self.prompt_len <= new_len <= len(self), (
+            f"truncate({new_len}) outside [{self.prompt_len}, {len(self)}]")
+        keep = new_len - self.prompt_len
+        self.cumulative_logprob -= sum(self.token_logprobs[keep:])
+        del self.token_logprobs[keep:]
+        if self.logprobs is not None:
+            del self.logprobs[keep:]
+        del self.output_token_ids[keep:]
+        self.num_computed_tokens = min(self.num_computed_tokens, new_len)
+        self.num_emitted_tokens = min(self.num_emitted_tokens, keep)
+
+    def reset_for_recompute(self) -> None:
+        """After preemption: nothing is cached; prompt + outputs are prefilled again."""
+        assert not self.block_table and self.state_slot is None, "free the blocks first"
+        self.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.status = SequenceStatus.WAITING
+
+    def finish(self, status: SequenceStatus, stop_reason: int | str | None = None) -> None:
+        assert status.is_finished
+        self.status = status
+        self.stop_reason = stop_reason
+        self.finished_time = time.monotonic()

@@ -1,0 +1,93 @@
+"""Per-layer cache storage for every layer kind of both model types, and a bytes-per-token report.
+
+Storage (model.md §5): an SWA ring per state slot for every layer, a compressor state ring per slot
+for layers that own a compressor, paged compressed entries for kv-source layers and paged index keys
+for index-K sources. V4.1 layers that share a source own no storage. Block 0 and slot 0 are scratch."""
+import math
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.model_executor.forward_meta import CacheLayout
+from deepinfer.model_executor.models.deepseek_v4 import ModelCache, compressor_spec
+
+
+def default_block_size(cfg) -> int:
+    size = 16
+    for m in cfg.compress_ratios:
+        if m:
+            size = math.lcm(size, m)
+    return size
+
+
+def cache_layout(cfg, num_slots: int, block_size: int, engram_spec=None) -> CacheLayout:
+    specs = []
+    for layer in range(cfg.num_layers):
+        spec = compressor_spec(cfg, layer)
+        if spec is not None and spec not in specs:
+            specs.append(spec)
+    return CacheLayout(window=cfg.sliding_window, num_slots=num_slots, block_size=block_size,
+                       compressors=specs, engram=engram_spec)
+
+
+@dataclass
+class StorageItem:
+    kind: str        # "swa" | "state" | "entries" | "index"
+    layer: int
+    rows_per: int    # rows per slot (swa/state) or per block (entries/index)
+    width: int       # values per row
+    dtype: torch.dtype
+    per: str         # "slot" | "block"
+
+
+def storage_plan(cfg, block_size: int, dtype: torch.dtype) -> list[StorageItem]:
+    items = []
+    d = cfg.head_dim
+    for layer in range(cfg.num_layers):
+        items.append(StorageItem("swa", layer, cfg.sliding_window, d, dtype, "slot"))
+        spec = compressor_spec(cfg, layer)
+        if spec is None:
+            continue
+        m, ring, overlap = spec
+        mult = 2 if overlap else 1
+        state_dtype = torch.float32 if cfg.is_v41 else dtype
+        items.append(StorageItem("state_main", layer, ring, 2 * mult * d, state_dtype, "slot"))
+        items.append(StorageItem("entries", layer, block_size // m, d, dtype, "block"))
+        owns_index = (cfg.index_k_source_map[layer] == layer) if cfg.is_v41 else cfg.layer_kinds[layer] == "csa"
+        if owns_index:
+            items.append(StorageItem("index", layer, block_size // m, cfg.index_head_dim, dtype, "block"))
+            if not cfg.is_v41:
+                items.append(StorageItem("state_index", layer, ring, 2 * 2 * cfg.index_head_dim, dtype, "slot"))
+    if cfg.is_v41:
+        for i in range(cfg.num_nextn_predict_layers):
+            items.append(StorageItem("swa", cfg.num_layers + i, cfg.sliding_window, d, dtype, "slot"))
+    return items
+
+
+def allocate_cache(cfg, num_slots: int, num_blocks: int, block_size: int, dtype: torch.dtype,
+                   device="cpu") -> ModelCache:
+    cache = ModelCache()
+    for it in storage_plan(cfg, block_size, dtype):
+        n = it.rows_per * (num_slots if it.per == "slot" else num_blocks)
+        buf = torch.zeros(n, it.width, dtype=it.dtype, device=device)
+        if it.kind == "swa":
+            cache.swa[it.layer] = buf
+        elif it.kind == "state_main":
+            cache.comp_state[(it.layer, "main")] = buf
+        elif it.kind == "state_index":
+            cache.comp_state[(it.layer, "index")] = buf
+        elif it.kind == "entries":
+            cache.entries[it.layer] = buf
+        else:
+            cache.index_keys[it.layer] = buf
+    return cache
+
+
+def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
+    return sum(it.rows_per * it.width * torch.finfo(it.dtype).bits // 8
+               for it in storage_plan(cfg, block_size, dtype) if it.per == "block")
+
+
+def bytes_per_slot(cfg, dtype: torch.dtype) -> int:
+    return sum(it.rows_per * it.width * torch.finfo(it.dtype).bits // 8
+               for it in storage_plan(cfg, default_block_size(cfg), dtype) if it.per == "slot")
