@@ -47,6 +47,8 @@ class EngineConfig:
     block_size: int | None = None  # token positions per KV block; None -> worker's choice
     enforce_eager: bool = False
     seed: int = 0
+    # No tokenizer: prompts must be token ids and outputs carry no text (vLLM's name).
+    skip_tokenizer_init: bool = False
     kv_cache_memory_bytes: int = field(default_factory=_default_kv_cache_memory_bytes)
 
     def __post_init__(self):
@@ -69,8 +71,9 @@ class EngineConfig:
         # Block 0 is the reserved scratch block, so a usable pool has at least two.
         _check_int("num_kv_blocks", self.num_kv_blocks, 2, allow_none=True)
         _check_int("block_size", self.block_size, 1, allow_none=True)
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
+        for name in ("enforce_eager", "skip_tokenizer_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _check_int("seed", self.seed, 0, (1 << 63) - 1)
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
 

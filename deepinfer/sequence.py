@@ -70,7 +70,7 @@ class Sequence:
     seed: int
     prompt: str | None = None
     index: int = 0  # which of the request's n outputs this is
-    arrival_time: float = field(default_factory=time.monotonic)
+    arrival_time: float = field(default_factory=time.time)  # wall clock, as RequestMetrics
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -79,10 +79,12 @@ class Sequence:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     # Logprob of each sampled output token (always kept: cumulative_logprob and truncate need it).
     token_logprobs: list[float] = field(default_factory=list)
-    # Per output token {token_id: logprob} (sampled token + top-k); None when not requested.
-    logprobs: list[dict[int, float]] | None = None
+    # Per output token {token_id: outputs.Logprob} (sampled token + top-N); None when not requested.
+    logprobs: list[dict] | None = None
     cumulative_logprob: float = 0.0
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
     # deepinfer.tokenizer.IncrementalDetokenizer (None when detokenize is off or no tokenizer)
@@ -133,19 +135,18 @@ class Sequence:
 
     # ---- mutation ------------------------------------------------------------------------
     def append_token(self, token_id: int, logprob: float | None = None,
-                     top: dict[int, float] | None = None) -> None:
+                     logprob_entry: dict | None = None) -> None:
+        """Append a sampled token; logprob_entry ({id: Logprob}) is kept when logprobs were asked."""
         lp = float(logprob) if logprob is not None else 0.0
         self.output_token_ids.append(int(token_id))
         self.token_logprobs.append(lp)
         self.cumulative_logprob += lp
         if self.logprobs is not None:
-            entry = {int(token_id): lp}
-            if top:
-                for tid, lp in top.items():
-                    entry.setdefault(int(tid), float(lp))
-            self.logprobs.append(entry)
+            self.logprobs.append(logprob_entry if logprob_entry is not None else {})
+        now = time.time()
         if self.first_token_time is None:
-            self.first_token_time = time.monotonic()
+            self.first_token_time = now
+        self.last_token_time = now
 
     def truncate(self, new_len: int) -> None:
         """Reset the sequence to its first `new_len` tokens (speculative-decoding rollback).
@@ -177,4 +178,4 @@ class Sequence:
         assert status.is_finished
         self.status = status
         self.stop_reason = stop_reason
-        self.finished_time = time.monotonic()
+        self.finished_time = time.time()

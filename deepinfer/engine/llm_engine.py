@@ -5,6 +5,7 @@ Not thread-safe: a server calls it from a single engine thread (aborts included)
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -13,7 +14,23 @@ from typing import Any, Callable
 from deepinfer.engine.block_manager import BlockManager
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine_config import EngineConfig
+from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence, effective_seed
+
+
+_COMPLETION_HAS_DELTA = {"delta_text", "delta_token_ids"} <= {
+    f.name for f in dataclasses.fields(CompletionOutput)}
+
+
+def _min(values):
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
+
+
+def _max(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
 
 
 @dataclass
@@ -69,7 +86,7 @@ class LLMEngine:
         """tokenizer / model_config / worker are loaded from engine_config when None (tests and
         tools may inject their own)."""
         self.config = engine_config
-        if tokenizer is None:
+        if tokenizer is None and not engine_config.skip_tokenizer_init:
             from deepinfer.tokenizer import load_tokenizer
             tokenizer = load_tokenizer(engine_config.tokenizer)
         self.tokenizer = tokenizer
@@ -109,7 +126,6 @@ class LLMEngine:
                     arrival_time: float | None = None) -> None:
         """Queue a request. prompt: str, list[int], or dict(prompt_token_ids=[...]) /
         dict(prompt="..."). Raises ValueError (and changes nothing) on bad input."""
-        from deepinfer.sampling_params import SamplingParams
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
@@ -121,7 +137,7 @@ class LLMEngine:
         prompt_text, token_ids = self._tokenize(prompt, sampling_params)
         self._validate_prompt(token_ids)
 
-        arrival = time.monotonic() if arrival_time is None else arrival_time
+        arrival = time.time() if arrival_time is None else arrival_time
         n = int(getattr(sampling_params, "n", 1) or 1)
         seqs = []
         for index in range(n):
@@ -162,6 +178,8 @@ class LLMEngine:
     def _encode(self, text: str) -> list[int]:
         if not text:
             raise ValueError("prompt must not be empty")
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set): pass token ids")
         return list(self.tokenizer.encode(text))
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
@@ -256,23 +274,41 @@ class LLMEngine:
         self._num_finished_requests += 1
 
     def _make_output(self, req: _Request):
-        from deepinfer.outputs import CompletionOutput, RequestOutput
-        completions = []
+        """Cumulative state of the request plus what is new since its previous output.
+
+        The delta goes into CompletionOutput.delta_text / delta_token_ids when outputs.py has
+        those fields, else into RequestOutput.extra["deltas"] (one dict per completion).
+        """
+        completions, deltas = [], []
         for seq in req.seqs:
-            new_tokens = seq.output_token_ids[seq.num_emitted_tokens:]
+            delta_ids = seq.output_token_ids[seq.num_emitted_tokens:]
             seq.num_emitted_tokens = seq.num_output_tokens
             text = seq.output_text
             delta_text = text[seq.num_emitted_chars:]
             seq.num_emitted_chars = len(text)
-            completions.append(CompletionOutput(
+            kwargs = dict(
                 index=seq.index, text=text, token_ids=list(seq.output_token_ids),
-                cumulative_logprob=seq.cumulative_logprob,
+                # Only rows that asked for logprobs are guaranteed to get them (vLLM: None).
+                cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
                 logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-                delta_text=delta_text, delta_token_ids=new_tokens))
-        return RequestOutput(request_id=req.request_id, prompt=req.prompt,
-                             prompt_token_ids=list(req.prompt_token_ids), outputs=completions,
-                             finished=req.finished)
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+            if _COMPLETION_HAS_DELTA:
+                kwargs.update(delta_text=delta_text, delta_token_ids=delta_ids)
+            completions.append(CompletionOutput(**kwargs))
+            deltas.append({"text": delta_text, "token_ids": delta_ids})
+        seqs = req.seqs
+        metrics = RequestMetrics(
+            arrival_time=req.arrival_time,
+            first_scheduled_time=_min(s.first_scheduled_time for s in seqs),
+            first_token_time=_min(s.first_token_time for s in seqs),
+            last_token_time=_max(s.last_token_time for s in seqs),
+            finished_time=_max(s.finished_time for s in seqs) if req.finished else None)
+        out = RequestOutput(request_id=req.request_id, prompt=req.prompt,
+                            prompt_token_ids=list(req.prompt_token_ids), outputs=completions,
+                            finished=req.finished, metrics=metrics)
+        if not _COMPLETION_HAS_DELTA:
+            out.extra["deltas"] = deltas
+        return out
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

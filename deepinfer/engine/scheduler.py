@@ -16,11 +16,13 @@ recomputed sequence produces the same tokens it would have without preemption.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from deepinfer.engine.block_manager import BlockManager
 from deepinfer.engine_config import EngineConfig
+from deepinfer.outputs import Logprob
 from deepinfer.sequence import Sequence, SequenceStatus
 
 
@@ -29,7 +31,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens fed this step: seq.token_ids[computed : computed + num_new_tokens]
     do_sample: bool  # sample one token after the last fed token
-    is_decode: bool = False  # a decode row (prefill was complete before this step)
+    is_decode: bool = False  # feeds the last sampled token (the prompt was already prefilled)
 
     @property
     def start_pos(self) -> int:
@@ -133,7 +135,8 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 continue
-            self._schedule(out, seq, want, is_decode)
+            # A decode row feeds the last sampled token (a 1-token prompt tail is prefill).
+            self._schedule(out, seq, want, is_decode and seq.num_output_tokens > 0)
             taken.add(seq.seq_id)
             budget -= want
 
@@ -157,6 +160,8 @@ class Scheduler:
     def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
                   is_decode: bool = False) -> None:
         self.block_manager.allocate(seq, seq.num_computed_tokens + num_new_tokens)
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.time()
         do_sample = seq.num_computed_tokens + num_new_tokens == len(seq)
         out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode))
 
@@ -178,9 +183,12 @@ class Scheduler:
             assert seq.num_computed_tokens <= len(seq)
             if row is None:
                 continue
-            token_id, logprob, top = row
-            want_top = seq.logprobs is not None
-            seq.append_token(token_id, logprob, top if want_top else None)
+            token_id, logprob, rank, top = row
+            entry = None
+            if seq.logprobs is not None:
+                entry = _logprob_entry(token_id, logprob, rank, top,
+                                       getattr(seq.sampling_params, "logprobs", 0) or 0)
+            seq.append_token(token_id, logprob, entry)
             self._check_stop(seq)
             changed.append(seq)
             if seq.is_finished:
@@ -213,31 +221,39 @@ class Scheduler:
 
 
 class _SamplerRows:
-    """Iterates a SamplerOutput's rows as (token_id, logprob, {top_id: top_logprob})."""
+    """Iterates a SamplerOutput's rows as (token_id, logprob, rank, [(top_id, top_logprob)])."""
 
     def __init__(self, sampler_output):
         self.i = 0
-        if sampler_output is None:
-            self.token_ids, self.logprobs, self.top_ids, self.top_logprobs = [], [], None, None
-            return
-        self.token_ids = _to_list(sampler_output.token_ids)
-        self.logprobs = _to_list(getattr(sampler_output, "logprobs", None))
-        self.top_ids = _to_list(getattr(sampler_output, "top_ids", None))
-        self.top_logprobs = _to_list(getattr(sampler_output, "top_logprobs", None))
+        get = lambda name: _to_list(getattr(sampler_output, name, None))  # noqa: E731
+        self.token_ids = get("token_ids") or []
+        self.logprobs, self.ranks = get("logprobs"), get("token_ranks")
+        self.top_ids, self.top_logprobs = get("top_ids"), get("top_logprobs")
 
     def next(self):
         i = self.i
         assert i < len(self.token_ids), "sampler returned fewer rows than do_sample chunks"
         self.i += 1
         logprob = self.logprobs[i] if self.logprobs is not None else None
-        top = None
+        rank = self.ranks[i] if self.ranks is not None else None
+        top = []
         if self.top_ids is not None and self.top_logprobs is not None:
-            top = dict(zip(self.top_ids[i], self.top_logprobs[i]))
-        return int(self.token_ids[i]), logprob, top
+            top = list(zip(self.top_ids[i], self.top_logprobs[i]))
+        return int(self.token_ids[i]), logprob, rank, top
 
     def check_consumed(self) -> None:
         assert self.i == len(self.token_ids), (
             f"sampler returned {len(self.token_ids)} rows for {self.i} do_sample chunks")
+
+
+def _logprob_entry(token_id, logprob, rank, top, num_top: int) -> dict[int, Logprob]:
+    """{token id: Logprob} for one output token: the sampled token plus this request's top-N
+    (the batch's top list is as wide as the widest request, in descending order)."""
+    entry = {token_id: Logprob(float(logprob) if logprob is not None else float("nan"),
+                               int(rank) if rank is not None else None)}
+    for r, (tid, lp) in enumerate(top[:num_top], start=1):
+        entry.setdefault(int(tid), Logprob(float(lp), r))
+    return entry
 
 
 def _to_list(x):

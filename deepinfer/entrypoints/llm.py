@@ -36,6 +36,14 @@ class LLM:
         self.llm_engine = LLMEngine(config)
         self._request_ids = itertools.count()
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """Wrap an existing engine (tests, tools that build the engine themselves)."""
+        llm = cls.__new__(cls)
+        llm.llm_engine = engine
+        llm._request_ids = itertools.count()
+        return llm
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
@@ -82,8 +90,9 @@ class LLM:
         with tqdm(total=len(request_ids), desc="Processed prompts", unit="req",
                   disable=not use_tqdm, dynamic_ncols=True) as bar:
             while pending and engine.has_unfinished_requests():
-                for out in engine.step():
-                    num_generated += sum(len(c.delta_token_ids) for c in out.outputs)
+                outputs = engine.step()
+                num_generated += engine.last_step_timing.num_sampled
+                for out in outputs:
                     if out.finished and out.request_id in pending:
                         results[out.request_id] = out
                         pending.discard(out.request_id)

@@ -69,17 +69,36 @@ def verify_uniforms(seeds: Sequence[int], positions: Sequence[int]) -> np.ndarra
     return _to_unit(splitmix64(_u64_array(seeds) ^ ((pos * _U64(3) + _U64(CASE_VERIFY)) * _U64(GOLDEN_GAMMA))))
 
 
-def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw per row: first i with fp64 cdf_i > u * cdf_last. probs may be unnormalised."""
-    cdf = probs.double().cumsum(dim=-1)
-    target = uniforms.to(torch.float64).reshape(-1, 1) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    overflow = idx >= probs.shape[-1]
-    if bool(overflow.any()):
-        # u * cdf_last can round up to cdf_last; take the last token that has probability.
-        last_pos = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
-        idx = torch.where(overflow, last_pos, idx)
-    return idx
+def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor, sparse: bool = True) -> torch.Tensor:
+    """Inverse-CDF draw per row: first i with fp64 cdf_i > u * cdf_last. probs may be unnormalised.
+
+    Zero-probability tokens add exactly 0.0 to a sequential fp64 cumsum, so when most of a row
+    is zero (top-k/top-p) the cdf is built over the nonzero entries only: the same bits, less work.
+    `sparse=False` skips the check (no filter was applied, so rows are dense).
+    """
+    rows, vocab = probs.shape
+    u = uniforms.to(torch.float64).reshape(-1, 1)
+    counts = torch.count_nonzero(probs, dim=-1) if sparse else None
+    width = int(counts.max()) if counts is not None and rows else vocab
+    if width == 0 or width > vocab // 4:
+        cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+        idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+        over = idx >= vocab
+        if bool(over.any()):
+            # u * cdf_last can round up to cdf_last: take the last token that has probability.
+            last = vocab - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+            idx = torch.where(over, last, idx)
+        return idx
+    row_of, col_of = (probs > 0).nonzero(as_tuple=True)  # row-major: columns ascend within a row
+    slot = torch.arange(row_of.numel(), device=probs.device) - (counts.cumsum(0) - counts)[row_of]
+    packed = torch.zeros(rows, width, dtype=torch.float64, device=probs.device)
+    packed[row_of, slot] = probs[row_of, col_of].double()
+    cols = torch.zeros(rows, width, dtype=torch.int64, device=probs.device)
+    cols[row_of, slot] = col_of
+    cdf = packed.cumsum(dim=-1)
+    j = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+    j = torch.minimum(j, (counts - 1).clamp(min=0))
+    return cols.gather(1, j.unsqueeze(1)).squeeze(1)
 
 
 @dataclass
@@ -182,28 +201,76 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # [N, k] f32
 
 
-def apply_top_p(x: torch.Tensor, top_p: torch.Tensor) -> None:
-    """In place: drop tokens whose exclusive cumulative prob (stable descending order) > top_p."""
-    probs = torch.softmax(x, dim=-1)
+_TOP_P_PROBES = (1024, 16384)
+
+
+def _stable_top(values: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first m entries of the stable descending sort (ties: lower index first), via topk.
+
+    topk leaves the order of equal values unspecified; re-sorting its indices ascending and then
+    stable-sorting by value restores index order inside each run of ties. A run cut by the m
+    boundary may miss lower indices beyond it, so callers only trust runs that end before m.
+    """
+    top_vals, top_idx = torch.topk(values, m, dim=-1, sorted=True)
+    top_idx, by_index = top_idx.sort(dim=-1)
+    top_vals, order = top_vals.gather(1, by_index).sort(dim=-1, descending=True, stable=True)
+    return top_vals, top_idx.gather(1, order)
+
+
+def _top_p_full(x: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> None:
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p.unsqueeze(1)
-    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
-    x.masked_fill_(drop, float("-inf"))
+    x.masked_fill_(torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted), float("-inf"))
+
+
+def apply_top_p(x: torch.Tensor, top_p: torch.Tensor) -> None:
+    """In place: drop tokens whose exclusive cumulative prob, in stable descending order, > top_p.
+
+    Same result as a full stable sort (kept below as the fallback), but usually only the first
+    1024 entries of the order are built: once the exclusive cumsum there exceeds top_p, every later
+    token is dropped too (the cumsum only grows).
+    """
+    probs = torch.softmax(x, dim=-1)
+    vocab = x.shape[-1]
+    pending = torch.arange(x.shape[0], device=x.device)
+    for m in _TOP_P_PROBES:
+        if m >= vocab or pending.numel() == 0:
+            break
+        p = probs.index_select(0, pending)
+        limit = top_p.index_select(0, pending).unsqueeze(1)
+        vals, idx = _stable_top(p, m)
+        # The fp32 cumsum of a prefix equals the prefix of the full row's cumsum (it is sequential).
+        drop = (vals.cumsum(dim=-1) - vals) > limit
+        last_kept = m - 1 - (~drop).flip(-1).int().argmax(dim=-1, keepdim=True)
+        # Trust the probe if the tail is dropped and the last kept value's tie run ends inside it.
+        done = drop[:, -1] & (vals.gather(1, last_kept).squeeze(1) > vals[:, -1])
+        if bool(done.any()):
+            rows = pending[done]
+            kept = torch.full((rows.numel(), vocab), float("-inf"), dtype=x.dtype, device=x.device)
+            src = x.index_select(0, rows).gather(1, idx[done]).masked_fill(drop[done], float("-inf"))
+            x.index_copy_(0, rows, kept.scatter_(1, idx[done], src))
+        pending = pending[~done]
+    if pending.numel():
+        part = x.index_select(0, pending)
+        _top_p_full(part, probs.index_select(0, pending), top_p.index_select(0, pending))
+        x.index_copy_(0, pending, part)
 
 
 def apply_top_k(x: torch.Tensor, top_k: torch.Tensor) -> None:
     """In place: keep the top_k logits by stable descending rank (ties: lower index first).
 
-    Done without a full sort: the k-th largest value v bounds the set; all values > v stay, and
-    of the values == v only the first (k - #greater) by index, which is the stable rank order.
+    No full sort: the k-th largest value v bounds the set; every value > v stays, and of the
+    values == v only the first (k - #greater) by index, which is exactly the stable rank order.
     """
     vocab = x.shape[-1]
     k = top_k.clamp(min=1, max=vocab).unsqueeze(1)
     kth = torch.topk(x, int(k.max()), dim=-1, sorted=True).values.gather(1, k - 1)
     greater = x > kth
     equal = x == kth
-    keep = greater | (equal & (equal.cumsum(dim=-1) <= k - greater.sum(dim=-1, keepdim=True)))
-    x.masked_fill_(~keep, float("-inf"))
+    room = k - torch.count_nonzero(greater, dim=-1).unsqueeze(1)
+    if bool((torch.count_nonzero(equal, dim=-1).unsqueeze(1) > room).any()):
+        equal &= equal.cumsum(dim=-1) <= room
+    x.masked_fill_(~(greater | equal), float("-inf"))
 
 
 def apply_min_p(x: torch.Tensor, min_p: torch.Tensor) -> None:
@@ -216,21 +283,26 @@ def apply_min_p(x: torch.Tensor, min_p: torch.Tensor) -> None:
 class Sampler:
     """Samples one token per row; see the module docstring for the exact transform."""
 
-    def processed_logits(self, logits: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor) -> torch.Tensor:
-        """Steps 0-4 for the given rows: a new fp32 [len(rows), V] tensor (inputs untouched)."""
-        x = logits.index_select(0, rows).float()
+    def processed_logits(self, logits: torch.Tensor, batch: SamplingBatch,
+                         rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Steps 0-4 for `rows` (all when None): a new fp32 [R, V] tensor; `logits` is untouched."""
+        inv_t = torch.reciprocal(batch.temperatures)
+        if rows is None:
+            x = logits.float() * inv_t.unsqueeze(1)
+        else:
+            x = logits.index_select(0, rows).float() * inv_t.index_select(0, rows).unsqueeze(1)
         if batch.banned_ids.numel():
+            # After the scaling: -inf * (1/T) would be -inf anyway, and this saves a copy.
             self._ban(x, batch, rows)
-        x.mul_(torch.reciprocal(batch.temperatures.index_select(0, rows)).unsqueeze(1))
-        for flag, values, keep_if, fn in (
+        for flag, values, active, fn in (
             (batch.any_top_p, batch.top_ps, lambda v: v < 1.0, apply_top_p),
             (batch.any_top_k, batch.top_ks, lambda v: v >= 1, apply_top_k),
             (batch.any_min_p, batch.min_ps, lambda v: v > 0.0, apply_min_p),
         ):
             if not flag:
                 continue
-            row_values = values.index_select(0, rows)
-            sub = keep_if(row_values).nonzero().squeeze(1)
+            row_values = values if rows is None else values.index_select(0, rows)
+            sub = active(row_values).nonzero().squeeze(1)
             if sub.numel() == x.shape[0]:
                 fn(x, row_values)
             elif sub.numel():
@@ -241,13 +313,14 @@ class Sampler:
 
     def processed_logprobs(self, logits: torch.Tensor, batch: SamplingBatch,
                            rows: torch.Tensor | None = None) -> torch.Tensor:
-        """log_softmax of the processed logits (§6.1 step 4); all rows when rows is None."""
-        if rows is None:
-            rows = torch.arange(logits.shape[0], device=logits.device)
+        """log_softmax of the processed logits (§6.1 step 4), for `rows` (all when None)."""
         return torch.log_softmax(self.processed_logits(logits, batch, rows), dim=-1)
 
     @staticmethod
-    def _ban(x: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor) -> None:
+    def _ban(x: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor | None) -> None:
+        if rows is None:
+            x[batch.banned_rows, batch.banned_ids] = float("-inf")
+            return
         # Map each banned (row, id) onto its position within `rows`; bans of other rows are dropped.
         where = torch.full((batch.num_rows,), -1, dtype=torch.int64, device=x.device)
         where[rows] = torch.arange(rows.numel(), device=x.device)
@@ -255,28 +328,33 @@ class Sampler:
         ok = local >= 0
         x[local[ok], batch.banned_ids[ok]] = float("-inf")
 
+    def _greedy(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        rows = batch.greedy_rows
+        g = logits.index_select(0, rows).float()
+        if batch.banned_ids.numel():
+            self._ban(g, batch, rows)
+        # torch.argmax returns the first maximal index: the lowest index on ties (§6.3).
+        return g.argmax(dim=-1)
+
     def forward(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        """Sample one token per row of fp32 logits [N, V]."""
+        """Sample one token per row of logits [N, V] (fp32, or cast to it)."""
         if logits.dim() != 2 or logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits must be [{batch.num_rows}, V] (got {tuple(logits.shape)})")
         n = logits.shape[0]
+        num_random = batch.random_rows.numel()
         token_ids = torch.empty(n, dtype=torch.int64, device=logits.device)
         if batch.greedy_rows.numel():
-            g = logits.index_select(0, batch.greedy_rows).float()
-            if batch.banned_ids.numel():
-                self._ban(g, batch, batch.greedy_rows)
-            # torch.argmax returns the first maximal index: the lowest index on ties (§6.3).
-            token_ids.index_copy_(0, batch.greedy_rows, g.argmax(dim=-1))
-        rows = torch.arange(n, device=logits.device) if batch.need_logprobs else batch.random_rows
-        if rows.numel() == 0:
+            token_ids.index_copy_(0, batch.greedy_rows, self._greedy(logits, batch))
+        if not batch.need_logprobs and num_random == 0:
             return SamplerOutput(token_ids=token_ids)
+        # Rows to process: all of them when logprobs are wanted or every row samples.
+        rows = None if batch.need_logprobs or num_random == n else batch.random_rows
         logprobs = self.processed_logprobs(logits, batch, rows)
-        if batch.random_rows.numel():
-            # Positions of the random rows inside `rows` (identity when rows == random_rows).
-            sub = batch.random_rows if batch.need_logprobs else torch.arange(rows.numel(), device=rows.device)
-            lp = logprobs.index_select(0, sub) if batch.need_logprobs else logprobs
-            # DI samples from exp(log_softmax), not from a separate softmax.
-            drawn = sample_from_probs(lp.exp(), batch.uniforms.index_select(0, batch.random_rows))
+        if num_random:
+            lp = logprobs if num_random == logprobs.shape[0] else logprobs.index_select(0, batch.random_rows)
+            # DI draws from exp(log_softmax), not from a separate softmax.
+            filtered = batch.any_top_p or batch.any_top_k or batch.any_min_p or batch.banned_ids.numel() > 0
+            drawn = sample_from_probs(lp.exp(), batch.uniforms.index_select(0, batch.random_rows), filtered)
             token_ids.index_copy_(0, batch.random_rows, drawn)
         if not batch.need_logprobs:
             return SamplerOutput(token_ids=token_ids)

