@@ -491,6 +491,8 @@ def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, s
     cfg = ModelConfig.from_dict(raw)  # the generated config must pass our own validation
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)  # a leftover index or shard would shadow the new weights
 
     quantized = cfg.quant is not None
     fp8_block = tuple(cfg.quant["weight_block_size"]) if quantized else (128, 128)
@@ -500,7 +502,7 @@ def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, s
     for name, shape in tensor_shapes(cfg).items():
         value = dense_value(cfg, name, shape, seed)
         stored = _stored_tensors(cfg, name, value, tensor_format(cfg, name, quantized), dense_dtype, fp8_block)
-        tensors.update(stored)
+        tensors.update({k: v.contiguous() for k, v in stored.items()})
         groups.append(list(stored))
     _write_shards(tensors, groups, out, shards)
 

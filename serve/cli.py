@@ -1,0 +1,105 @@
+"""`python -m serve --model PATH ...`: parse arguments, build the engine loop and run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import uvicorn
+
+from deepinfer.engine_config import EngineConfig
+from serve.app import build_app
+from serve.engine_loop import EngineLoop
+from serve.metrics import ServerMetrics
+from serve.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
+
+logger = logging.getLogger("serve")
+
+# uvicorn's own cancel-everything deadline comes this long after ours, so the engine's abort
+# outputs (finish_reason "abort", then [DONE]) reach the clients before connections are cut.
+_UVICORN_GRACE_S = 5.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m serve",
+                                description="OpenAI-compatible server for deepinfer.")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--tokenizer", default=None, help="tokenizer path (default: --model)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the --model argument)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="default: max(2048, --max-num-seqs)")
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="larger request bodies get 413")
+    p.add_argument("--max-pending", type=int, default=0,
+                   help="engine requests in flight before new ones get 503 (0: unlimited)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may finish after SIGTERM before they are aborted")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p.parse_args(argv)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server whose SIGTERM/SIGINT first drains the engine, then stops serving."""
+
+    def __init__(self, config: uvicorn.Config, engine_loop: EngineLoop, shutdown_timeout: float):
+        super().__init__(config)
+        self.engine_loop = engine_loop
+        self.shutdown_timeout = shutdown_timeout
+        self.exit_code = 0
+
+    def handle_exit(self, sig, frame) -> None:
+        # Not calling super(): it records the signal and re-raises it after shutdown, which would
+        # turn a clean drain into death by signal.
+        if self.should_exit:  # a second signal: stop waiting for anything
+            self.force_exit = True
+            return
+        logger.info("signal %s: draining (%.1f s), then exiting", sig, self.shutdown_timeout)
+        self.engine_loop.drain(self.shutdown_timeout)
+        self.should_exit = True
+
+    def fatal(self, reason: str) -> None:
+        logger.error("exiting: %s", reason)
+        self.exit_code = 1
+        self.should_exit = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_config = EngineConfig(
+        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
+        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+        enforce_eager=args.enforce_eager, seed=args.seed)
+    server_config = ServerConfig(
+        served_model_name=args.served_model_name or args.model, api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes, shutdown_timeout=args.shutdown_timeout,
+        max_pending=args.max_pending, created=int(time.time()))
+
+    def build_engine():
+        from deepinfer.engine.llm_engine import LLMEngine
+        return LLMEngine(engine_config)
+
+    engine_loop = EngineLoop(build_engine, ServerMetrics())
+    app = build_app(ServerState(server_config, engine_loop))
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                               timeout_graceful_shutdown=args.shutdown_timeout + _UVICORN_GRACE_S,
+                               access_log=args.log_level == "debug")
+    server = _Server(uv_config, engine_loop, args.shutdown_timeout)
+    engine_loop.on_fatal = server.fatal
+    server.run()
+    return server.exit_code

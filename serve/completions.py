@@ -1,0 +1,208 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from serve.errors import APIError, bad_request, sse_error_event
+from serve.generation import EnginePrompt, Generation, unless_disconnected
+from serve.protocol import MAX_CHOICES, MAX_PROMPTS, CompletionRequest, parse_body
+from serve.responses import (SSE_DONE, ChoiceState, completion_logprobs, new_id, now_s, sse,
+                             usage)
+from serve.state import ServerState
+
+logger = logging.getLogger("serve")
+
+
+async def create_completion(request: Request, state: ServerState) -> Response:
+    req = parse_body(await request.body(), CompletionRequest)
+    req.check()
+    state.check_model(req.model)
+    state.engine_loop.check_available()
+    prompts = await asyncio.to_thread(_engine_prompts, req.prompt, state.tokenizer, state.vocab_size)
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise bad_request(f"{len(prompts)} prompts x n={req.n} exceeds {MAX_CHOICES} choices", "n")
+    max_model_len = state.max_model_len
+    max_tokens = [check_length(len(p.token_ids), req.max_tokens, max_model_len) for p in prompts]
+    ctx = _Context(req, state, prompts, new_id("cmpl"))
+    if req.max_tokens == 0:  # echo only (check() allows 0 just with echo)
+        return _echo_only(ctx)
+    params = [req.sampling_params(m, req.logprobs) for m in max_tokens]
+    state.check_capacity(len(prompts))
+    gen = Generation(state.engine_loop, ctx.id, prompts, params)
+    try:
+        await gen.start()
+    except BaseException:
+        gen.abort()
+        raise
+    if req.stream:
+        return StreamingResponse(_stream(ctx, gen), media_type="text/event-stream",
+                                 background=BackgroundTask(gen.abort))
+    try:
+        finals = await unless_disconnected(request, gen.collect())
+    finally:
+        gen.abort()
+    return JSONResponse(_full_response(ctx, finals))
+
+
+def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The max_tokens to generate for a prompt (None: up to the context), or a 400."""
+    if prompt_len >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+            f"has {prompt_len} tokens, which leaves no room for a completion. Please reduce the "
+            f"length of the prompt.", "prompt")
+    if max_tokens is None:
+        return max_model_len - prompt_len
+    if prompt_len + max_tokens > max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} "
+            f"in the completion). Please reduce the length of the prompt or completion.",
+            "max_tokens")
+    return max_tokens
+
+
+def _engine_prompts(prompt, tokenizer, vocab_size: int) -> list[EnginePrompt]:
+    if isinstance(prompt, str):
+        items = [prompt]
+    elif not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    elif all(isinstance(p, int) for p in prompt):
+        items = [prompt]  # one prompt given as token ids
+    else:
+        items = list(prompt)
+    if len(items) > MAX_PROMPTS:
+        raise bad_request(f"prompt list has {len(items)} prompts; at most {MAX_PROMPTS} are allowed",
+                          "prompt")
+    prompts = []
+    for item in items:
+        if isinstance(item, str):
+            if not item:
+                raise bad_request("prompt must not be empty", "prompt")
+            prompts.append(EnginePrompt(list(tokenizer.encode(item)), item))
+        else:
+            prompts.append(EnginePrompt(check_token_ids(item, vocab_size), None))
+    return prompts
+
+
+def check_token_ids(ids: list[int], vocab_size: int) -> list[int]:
+    if not ids:
+        raise bad_request("prompt must not be empty", "prompt")
+    for t in ids:
+        if t < 0:
+            raise bad_request(f"prompt token ids must be greater than or equal to 0, got {t}", "prompt")
+        if t >= vocab_size:
+            raise bad_request(f"prompt token id {t} is out of vocabulary (vocab size {vocab_size})",
+                              "prompt")
+    return list(ids)
+
+
+class _Context:
+    def __init__(self, req: CompletionRequest, state: ServerState, prompts: list[EnginePrompt],
+                 request_id: str):
+        self.req = req
+        self.state = state
+        self.prompts = prompts
+        self.id = request_id
+        self.created = now_s()
+        self.model = state.config.served_model_name
+        self._echo_text: dict[int, str] = {}
+
+    def echo_text(self, index: int) -> str:
+        if not self.req.echo:
+            return ""
+        if index not in self._echo_text:
+            p = self.prompts[index]
+            self._echo_text[index] = p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
+        return self._echo_text[index]
+
+    def envelope(self, choices: list[dict], usage_obj=None, stream: bool = False) -> dict:
+        body = {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model, "choices": choices}
+        if not stream or self.req.include_usage:
+            body["usage"] = usage_obj
+        return body
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p.token_ids) for p in self.prompts)
+
+
+def _choice(index: int, text: str, logprobs, finish_reason, stop_reason=None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
+
+
+def _full_response(ctx: _Context, finals: list) -> dict:
+    choices, completion_tokens = [], 0
+    tokenizer = ctx.state.tokenizer
+    for p_index, out in enumerate(finals):
+        echo = ctx.echo_text(p_index)
+        for c in sorted(out.outputs, key=lambda c: c.index):
+            completion_tokens += len(c.token_ids)
+            logprobs = None
+            if ctx.req.logprobs is not None:
+                logprobs = completion_logprobs(c.logprobs or [], tokenizer, len(echo))
+            choices.append(_choice(p_index * ctx.req.n + c.index, echo + c.text, logprobs,
+                                   c.finish_reason, c.stop_reason))
+    return ctx.envelope(choices, usage(ctx.prompt_tokens, completion_tokens))
+
+
+def _echo_only(ctx: _Context) -> Response:
+    choices = [_choice(p * ctx.req.n + i, ctx.echo_text(p), None, "length")
+               for p in range(len(ctx.prompts)) for i in range(ctx.req.n)]
+    if not ctx.req.stream:
+        return JSONResponse(ctx.envelope(choices, usage(ctx.prompt_tokens, 0)))
+
+    async def events():
+        for choice in choices:
+            yield sse(ctx.envelope([choice], stream=True))
+        if ctx.req.include_usage:
+            yield sse(ctx.envelope([], usage(ctx.prompt_tokens, 0), stream=True))
+        yield SSE_DONE
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _stream(ctx: _Context, gen: Generation):
+    n = ctx.req.n
+    tokenizer = ctx.state.tokenizer
+    states: dict[int, ChoiceState] = {}
+    completion_tokens: dict[int, int] = {}
+    try:
+        try:
+            async for p_index, out in gen.outputs():
+                for c in out.outputs:
+                    index = p_index * n + c.index
+                    st = states.setdefault(index, ChoiceState())
+                    change = st.advance(c)
+                    if change is None:
+                        continue
+                    delta, start, count = change
+                    completion_tokens[index] = len(c.token_ids)
+                    prefix = ""
+                    if not st.started:
+                        st.started = True
+                        prefix = ctx.echo_text(p_index)
+                    logprobs = None
+                    if ctx.req.logprobs is not None:
+                        entries = (c.logprobs or [])[start:start + count]
+                        logprobs = completion_logprobs(entries, tokenizer, st.num_chars - len(delta))
+                    yield sse(ctx.envelope([_choice(index, prefix + delta, logprobs, c.finish_reason,
+                                                    c.stop_reason)], stream=True))
+            if ctx.req.include_usage:
+                yield sse(ctx.envelope([], usage(ctx.prompt_tokens, sum(completion_tokens.values())),
+                                       stream=True))
+        except APIError as e:
+            yield sse_error_event(e.status, e.message, e.param)
+        except Exception as e:  # noqa: BLE001 - contained to this stream
+            logger.exception("completion stream %s failed", ctx.id)
+            yield sse_error_event(500, f"internal error: {e!r}")
+        yield SSE_DONE
+    finally:
+        gen.abort()

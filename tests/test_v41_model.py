@@ -1,0 +1,121 @@
+"""V4.1 (no external reference): prefill == token-by-token decode == chunked prefill, and the
+V4.1-only features (Engram, cross-layer sharing, candidate prefilter) are live in the forward."""
+import dataclasses
+
+import pytest
+import torch
+
+from deepinfer.config import ModelConfig
+from deepinfer.worker.cache_engine import allocate_cache, default_block_size
+from deepinfer.worker.worker import build_model
+from model_helpers import run_chunks
+
+N = 120  # > 8 blocks of 8 C1 entries (filter drops blocks) and > 16 C2 entries (top-k drops entries)
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_v41_dir):
+    return ModelConfig.from_pretrained(tiny_v41_dir)
+
+
+@pytest.fixture(scope="module")
+def exact_model(tiny_v41_dir, cfg):
+    """Selection covers every visible entry, so prefill and decode pick the same sets (model.md §7.2)."""
+    wide = dataclasses.replace(cfg, index_topk=512, candidate_topk_blocks=64)
+    return build_model(wide, str(tiny_v41_dir), torch.float32, progress=False)
+
+
+@pytest.fixture(scope="module")
+def sparse_model(tiny_v41_dir, cfg):
+    return build_model(cfg, str(tiny_v41_dir), torch.float32, progress=False)
+
+
+def _ids(n=N, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [0] + torch.randint(3, 128000, (n - 1,), generator=g).tolist()
+
+
+def test_prefill_decode_chunked_agree(exact_model):
+    ids = _ids()
+    full = run_chunks(exact_model, ids, [N])
+    assert torch.isfinite(full).all()
+    decode = run_chunks(exact_model, ids, [1] * N)
+    chunked = run_chunks(exact_model, ids, [7, 1, 1, 50, 61])
+    assert (decode - full).abs().max().item() < 2e-4
+    assert (chunked - full).abs().max().item() < 2e-4
+
+
+def test_sparse_selection_is_live_and_chunk_invariant(sparse_model, exact_model):
+    ids = _ids()
+    sparse = run_chunks(sparse_model, ids, [N])
+    dense = run_chunks(exact_model, ids, [N])
+    # positions with more than index_topk visible entries must differ from the all-entries run
+    assert (sparse[-20:] - dense[-20:]).abs().max().item() > 1e-3
+    # early positions see at most 16 C2 entries and 8 blocks of C1 entries: identical
+    assert (sparse[:16] - dense[:16]).abs().max().item() < 2e-4
+    chunked = run_chunks(sparse_model, ids, [60, 1, 59])
+    assert torch.equal(chunked.argmax(-1), sparse.argmax(-1))
+
+
+def test_engram_changes_logits(exact_model):
+    ids = _ids(40)
+    base = run_chunks(exact_model, ids, [40])
+    layer = exact_model.layers[1]
+    assert hasattr(layer, "engram") and not hasattr(exact_model.layers[0], "engram")
+    saved = layer.engram.embed.weight.detach().clone()
+    try:
+        layer.engram.embed.weight.data.zero_()
+        zeroed = run_chunks(exact_model, ids, [40])
+    finally:
+        layer.engram.embed.weight.data.copy_(saved)
+    assert (zeroed - base).abs().max().item() > 1e-3
+
+
+def test_shared_layers_own_no_storage_and_read_their_source(exact_model, cfg):
+    cache = allocate_cache(cfg, 2, 4, default_block_size(cfg), torch.float32)
+    assert sorted(cache.entries) == cfg.kv_source_layer_ids == [2, 5, 7]
+    assert sorted(cache.index_keys) == [2, 5, 7]
+    assert not hasattr(exact_model.layers[3].attn, "compressor")
+    assert not hasattr(exact_model.layers[3].attn, "indexer")       # reuses layer 2's top-k
+    assert hasattr(exact_model.layers[4].attn, "indexer")           # own queries over layer 2's index keys
+    assert not hasattr(exact_model.layers[4].attn.indexer, "wk")
+    # perturbing the source compressor changes the output even with the source layer's own
+    # attention output unchanged in structure: layers 3 and 4 read the same entries
+    ids = _ids(64)
+    base = run_chunks(exact_model, ids, [64])
+    w = exact_model.layers[2].attn.compressor.wkv.weight
+    saved = w.detach().clone()
+    try:
+        w.data.mul_(-1.0)
+        flipped = run_chunks(exact_model, ids, [64])
+    finally:
+        w.data.copy_(saved)
+    assert (flipped - base).abs().max().item() > 1e-3
+
+
+def test_yoco_consumers_use_the_shared_hidden(exact_model, cfg):
+    """Layer 7 is a kv source past n_prefill_layer=5: its compressor reads layer 5's attention input,
+    so changing layer 6's attention (which only alters layer 7's own hidden) must not change
+    layer 7's compressed entries."""
+    assert cfg.n_prefill_layer == 5
+    from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
+    from deepinfer.worker.cache_engine import cache_layout
+    ids = _ids(32)
+    bs = default_block_size(cfg)
+
+    def entries_of_7():
+        layout = cache_layout(cfg, 2, bs, exact_model.engram_spec)
+        cache = allocate_cache(cfg, 2, 4, bs, torch.float32)
+        exact_model(build_step_inputs([SeqChunk(1, 0, 32, [1, 2], ids, 1)], layout), cache)
+        return cache.entries[7][bs // 1: bs // 1 + 32].clone()
+
+    base = entries_of_7()
+    w = exact_model.layers[6].attn.wo_b.weight
+    saved = w.detach().clone()
+    try:
+        w.data.mul_(3.0)
+        changed = entries_of_7()
+    finally:
+        w.data.copy_(saved)
+    assert base.abs().sum() > 0
+    assert torch.equal(base, changed)
