@@ -91,7 +91,8 @@ def _yarn(block: dict | None, key: str) -> dict | None:
     if kind != "yarn":
         _fail(key + ".rope_type", f"only 'yarn' (or 'default') is supported, got {kind!r}")
     out = {}
-    for k, default in (("factor", ...), ("original_max_position_embeddings", ...), ("beta_fast", 32.0), ("beta_slow", 1.0)):
+    fields = (("factor", ...), ("original_max_position_embeddings", ...), ("beta_fast", 32.0), ("beta_slow", 1.0))
+    for k, default in fields:
         if k not in block or block[k] is None:
             if default is ...:
                 _fail(f"{key}.{k}", "missing (required for YaRN)")
@@ -204,6 +205,8 @@ class ModelConfig:
             _fail("model_type", f"must be {V4!r} or {V41!r}, got {model_type!r}")
         cfg.raw = raw
         _validate_common(cfg)
+        if cfg.is_v41:
+            _validate_v41(cfg)
         return cfg
 
 
@@ -339,7 +342,8 @@ def _rope_fields(t: dict, prefix: str, head_dim: int) -> dict:
         _fail(prefix + "qk_rope_head_dim", "missing (or partial_rotary_factor)")
 
     # Only the nested TF form carries per-kind thetas; a flat YaRN block's rope_theta is ignored (as TF does).
-    theta_src = {"rope_theta": main.get("rope_theta"), "compress_rope_theta": comp.get("rope_theta") if nested else None}
+    theta_src = {"rope_theta": main.get("rope_theta"),
+                 "compress_rope_theta": comp.get("rope_theta") if nested else None}
     theta = {k: t.get(k, theta_src[k]) for k in theta_src}
     rope_theta = _float(theta, "rope_theta", default=10000.0, prefix=prefix)
     compress_theta = _float(theta, "compress_rope_theta", default=160000.0, prefix=prefix)
@@ -530,7 +534,6 @@ def _parse_v41(raw: dict) -> ModelConfig:
         **dspark,
         quant=_quant(raw.get("quantization_config")),
     )
-    _validate_v41(cfg)
     return cfg
 
 

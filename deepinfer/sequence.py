@@ -87,9 +87,12 @@ class Sequence:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
-    # deepinfer.tokenizer.IncrementalDetokenizer (None when detokenize is off or no tokenizer)
+    # deepinfer.tokenizer.OutputDetokenizer (detokenization + stop strings); None: no tokenizer.
     detokenizer: Any = None
-    # Text emitted so far to the caller (streaming); the engine advances these.
+    # Released output text: stop strings cut out, a possible partial stop string held back until
+    # the sequence finishes, so streamed deltas never have to be taken back.
+    output_text: str = ""
+    # What the engine already reported to the caller (for streaming deltas).
     num_emitted_tokens: int = 0
     num_emitted_chars: int = 0
 
@@ -128,10 +131,6 @@ class Sequence:
     @property
     def finish_reason(self) -> str | None:
         return self.status.finish_reason
-
-    @property
-    def output_text(self) -> str:
-        return self.detokenizer.output_text if self.detokenizer is not None else ""
 
     # ---- mutation ------------------------------------------------------------------------
     def append_token(self, token_id: int, logprob: float | None = None,
@@ -174,8 +173,17 @@ class Sequence:
         self.num_preemptions += 1
         self.status = SequenceStatus.WAITING
 
+    def detokenize_last(self, check_stop_strings: bool) -> str | None:
+        """Feed the newest token to the detokenizer; returns the stop string it completed, if any."""
+        if self.detokenizer is None:
+            return None
+        self.output_text += self.detokenizer.append(self.output_token_ids[-1:], check_stop=check_stop_strings)
+        return self.detokenizer.stop_str
+
     def finish(self, status: SequenceStatus, stop_reason: int | str | None = None) -> None:
         assert status.is_finished
         self.status = status
         self.stop_reason = stop_reason
         self.finished_time = time.time()
+        if self.detokenizer is not None:
+            self.output_text += self.detokenizer.finish()  # release the held-back tail

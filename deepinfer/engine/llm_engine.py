@@ -134,6 +134,9 @@ class LLMEngine:
             sampling_params = SamplingParams()
         elif not isinstance(sampling_params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}")
+        if self.tokenizer is None and sampling_params.stop_strings:
+            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init is set); "
+                             "use stop_token_ids instead")
         prompt_text, token_ids = self._tokenize(prompt, sampling_params)
         self._validate_prompt(token_ids)
 
@@ -200,10 +203,10 @@ class LLMEngine:
                 f"for one generated token")
 
     def _make_detokenizer(self, prompt_token_ids, sampling_params):
-        if self.tokenizer is None or not getattr(sampling_params, "detokenize", True):
+        if self.tokenizer is None:
             return None
-        from deepinfer.tokenizer import IncrementalDetokenizer
-        return IncrementalDetokenizer(self.tokenizer, prompt_token_ids, sampling_params)
+        from deepinfer.tokenizer import OutputDetokenizer
+        return OutputDetokenizer(self.tokenizer, sampling_params, prompt_token_ids)
 
     def abort_request(self, request_id: str):
         """Stop a request and free its cache. Returns its final RequestOutput (finish_reason

@@ -200,12 +200,11 @@ class Scheduler:
     def _check_stop(self, seq: Sequence) -> None:
         sp = seq.sampling_params
         token_id = seq.output_token_ids[-1]
-        stop_str = None
-        if seq.detokenizer is not None:
-            # The detokenizer sees every token (EOS included) so text and stop strings stay exact.
-            stop_str = seq.detokenizer.step(token_id)
         num_out = seq.num_output_tokens
-        if num_out >= (getattr(sp, "min_tokens", 0) or 0):
+        can_stop = num_out >= (getattr(sp, "min_tokens", 0) or 0)
+        # The detokenizer sees every token (EOS included) so text and stop strings stay exact.
+        stop_str = seq.detokenize_last(check_stop_strings=can_stop)
+        if can_stop:
             if not getattr(sp, "ignore_eos", False) and token_id in self.eos_token_ids:
                 seq.finish(SequenceStatus.FINISHED_STOPPED)
                 return

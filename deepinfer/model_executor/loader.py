@@ -64,7 +64,8 @@ _TF_ATTN = {
     "compressor.kv_proj": "compressor.wkv", "compressor.gate_proj": "compressor.wgate",
     "compressor.position_bias": "compressor.ape", "compressor.kv_norm": "compressor.norm",
     "compressor.indexer.kv_proj": "indexer.compressor.wkv", "compressor.indexer.gate_proj": "indexer.compressor.wgate",
-    "compressor.indexer.position_bias": "indexer.compressor.ape", "compressor.indexer.kv_norm": "indexer.compressor.norm",
+    "compressor.indexer.position_bias": "indexer.compressor.ape",
+    "compressor.indexer.kv_norm": "indexer.compressor.norm",
     "compressor.indexer.q_b_proj": "indexer.wq_b", "compressor.indexer.scorer.weights_proj": "indexer.weights_proj",
 }
 _TF_MLP = {"gate.weight": "gate.weight", "gate.e_score_correction_bias": "gate.bias", "gate.tid2eid": "gate.tid2eid",

@@ -485,9 +485,10 @@ def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, s
     if kind == "v41" and unquantized:
         raise ValueError("unquantized is only available for kind 'v4' (V4.1 checkpoints are always fp8/fp4)")
     if kind == "v4":
-        raw = v4_tiny_config(layers or 6, index_topk or 64, quantized=not unquantized, dtype=dtype)
+        raw = v4_tiny_config(6 if layers is None else layers, 64 if index_topk is None else index_topk,
+                             quantized=not unquantized, dtype=dtype)
     else:
-        raw = v41_tiny_config(layers or 8, index_topk or 16)
+        raw = v41_tiny_config(8 if layers is None else layers, 16 if index_topk is None else index_topk)
     cfg = ModelConfig.from_dict(raw)  # the generated config must pass our own validation
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -173,7 +173,8 @@ def _block_scales(x: torch.Tensor, block: tuple[int, int], q_max: float, clamp: 
     padded = torch.nn.functional.pad(x.to(torch.float32).abs(), (0, pc, 0, pr))
     lead = padded.shape[:-2]
     nr, nc = (rows + pr) // br, (cols + pc) // bc
-    amax = padded.reshape(*lead, nr, br, nc, bc).amax(dim=(-3, -1)).clamp(min=clamp)
+    # Reduce the contiguous block columns first, then the block rows (a joint reduction is slow on CPU).
+    amax = padded.reshape(*lead, nr, br, nc, bc).amax(dim=-1).amax(dim=-2).clamp(min=clamp)
     sf = amax / q_max
     sf = ((sf.view(torch.int32) + 0x007FFFFF) & 0x7F800000).view(torch.float32)  # round up to 2^k
     return sf, 1.0 / sf
@@ -216,8 +217,10 @@ def dequant_fp4(
 def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     """e2m1 codes (uint8 0..15) of already-scaled values: RNE with steps 0.5 / 1 / 2, saturating at 6."""
     mag = torch.nan_to_num(x.abs(), nan=FP4_E2M1_MAX, posinf=FP4_E2M1_MAX).clamp(max=FP4_E2M1_MAX)
-    # torch.round is round-half-to-even, which gives RNE inside each binade.
-    code = torch.where(mag < 2, (mag * 2).round(), torch.where(mag < 4, mag.round() + 2, (mag * 0.5).round() + 4))
+    # Steps 0.5 / 1 / 2 map each binade onto consecutive integer codes: code = round(2m), round(m) + 2,
+    # round(m/2) + 4. Adding the even offsets before rounding keeps round-half-to-even exact, so one
+    # torch.round (RNE) serves all three ranges.
+    code = torch.where(mag < 2, mag * 2, torch.where(mag < 4, mag + 2, mag * 0.5 + 4)).round_()
     return code.to(torch.uint8) | (torch.signbit(x).to(torch.uint8) << 3)
 
 

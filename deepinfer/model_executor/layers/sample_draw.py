@@ -52,7 +52,7 @@ def verify_uniforms(seeds: Sequence[int], positions: Sequence[int]) -> np.ndarra
 
 
 def _invert(cdf: torch.Tensor, u: torch.Tensor, limit: torch.Tensor | int) -> torch.Tensor:
-    total = cdf[:, -1:]
+    total = cdf[:, -1:].contiguous()
     idx = torch.searchsorted(cdf, u * total, right=True).squeeze(1)
     over = idx >= limit
     if bool(over.any()):

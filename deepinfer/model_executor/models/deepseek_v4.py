@@ -44,26 +44,58 @@ class ModelCache:
 
 
 class _StepContext:
-    """Per-forward values shared across layers: RoPE tables, top-k reuse, YOCO shared hidden."""
+    """Per-forward values shared across layers: RoPE tables, top-k reuse, YOCO shared hidden.
+
+    Everything position- or layer-dependent is computed here, eagerly, before the layer loop (RoPE
+    tables, Engram rows), so layer code only reads it: compiled layer regions then see the same
+    Python state for every layer of a kind (neuron.md F1)."""
 
     def __init__(self, model: "DeepseekV4Model", step: StepInputs, cache: ModelCache):
         self.step = step
         self.cache = cache
         self.model = model
         self.k = model.kernels
-        self._rope: dict = {}
+        self._rope = {kind: rot.cos_sin(step.positions) for kind, rot in model.rotary.items()}
+        self._entry_rope = {key: model.rotary["compress"].cos_sin(meta.entry_pos) for key, meta in step.comp.items()}
+        self.engram_rows: dict[int, torch.Tensor] = {}
+        spec = model.engram_spec
+        if spec is not None and step.ngram_ids is not None:
+            from deepinfer.model_executor.layers.engram_hash import engram_indices
+            # exact int64 hashing stays on the host side of the step (neuron.md A4/A5)
+            self.engram_rows = {lid: engram_indices(spec, lid, step.ngram_ids) for lid in spec.layer_ids}
         self.topk: dict[int, torch.Tensor] = {}
         self.candidates: torch.Tensor | None = None
         self.shared_hidden: torch.Tensor | None = None
         self.targets: dict[int, torch.Tensor] = {}
 
-    def rope(self, kind: str, positions: torch.Tensor | None = None):
-        rot = self.model.rotary[kind]
-        if positions is not None:
-            return rot.cos_sin(positions)
-        if kind not in self._rope:
-            self._rope[kind] = rot.cos_sin(self.step.positions)
+    def rope(self, kind: str):
+        """cos/sin of the step's token positions for "main" or "compress"."""
         return self._rope[kind]
+
+    def entry_rope(self, comp_key):
+        """cos/sin (compress) of the positions of the entries a compressor writes this step."""
+        return self._entry_rope[comp_key]
+
+
+@dataclass
+class LayerIO:
+    """One layer's cache tensors and cross-layer inputs, resolved by the eager layer loop
+    (`DecoderLayer.layer_io`), so layer code never indexes anything by its layer id and one compiled
+    region serves every layer of a kind. Values a layer hands to later layers go to the `*_out`
+    fields and are stored back by `DecoderLayer.collect`."""
+    swa: torch.Tensor                           # SWA ring (written)
+    state: torch.Tensor | None = None           # own compressor state ring (read + written)
+    index_state: torch.Tensor | None = None     # own V4 indexer-compressor state ring
+    entries: torch.Tensor | None = None         # entry pool attention reads (written by its owner)
+    index_keys: torch.Tensor | None = None      # index-key pool the indexer reads (written by its owner)
+    topk: torch.Tensor | None = None            # selection reused from the index source layer
+    candidates: torch.Tensor | None = None      # V4.1 candidate blocks of the candidate source layer
+    shared_hidden: torch.Tensor | None = None   # V4.1 YOCO hidden of n_prefill_layer
+    engram_rows: torch.Tensor | None = None     # Engram table rows of this layer
+    topk_out: torch.Tensor | None = None
+    candidates_out: torch.Tensor | None = None
+    shared_hidden_out: torch.Tensor | None = None
+    target_out: torch.Tensor | None = None
 
 
 def compressor_spec(cfg, layer: int) -> tuple[int, int, bool] | None:
@@ -141,89 +173,94 @@ class Attention(nn.Module):
             else:
                 self.compressor = Compressor(cfg.hidden_size, d, m, overlap, True, True, dtype, d)
         self.is_index_source = False
+        # Static facts of the layer read by the forward instead of its layer id (region sharing).
+        self.kind = "swa" if draft else cfg.layer_kinds[layer]
+        self.src_comp_key = None       # compressor spec of the layer whose entries we read
+        self.uses_shared_hidden = False
+        self.candidate_source = self.candidate_consumer = False
         if not draft and self.ratio > 0:
+            self.src_comp_key = compressor_spec(cfg, cfg.kv_source_map[layer] if cfg.is_v41 else layer)
             if cfg.is_v41:
                 self.is_index_source = cfg.index_source_map[layer] == layer
+                self.uses_shared_hidden = layer > cfg.n_prefill_layer
+                c_src = cfg.candidate_source_layer_id
+                self.candidate_source = c_src is not None and layer == c_src
+                self.candidate_consumer = c_src is not None and layer > c_src
             else:
                 self.is_index_source = cfg.layer_kinds[layer] == "csa"
             if self.is_index_source:
                 self.indexer = Indexer(cfg, layer, dtype)
 
     # -- compressed-entry production ---------------------------------------------------------
-    def _compress(self, h_src: torch.Tensor, ctx: _StepContext):
-        cfg, step, cache = self.cfg, ctx.step, ctx.cache
+    def _compress(self, h_src: torch.Tensor, ctx: _StepContext, io: LayerIO):
+        cfg, step = self.cfg, ctx.step
         meta = step.comp[self.comp_key]
         v41 = cfg.is_v41
         comp: Compressor = self.compressor
         rows = comp.project(h_src, step.positions, fp32_out=v41)
-        state = cache.comp_state[(self.layer, "main")]
+        state = io.state
         latent = None
         if meta.entry_dst.numel():
             c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width,
                                         comp.overlap)
             pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(h_src.dtype)
             latent = ctx.k.rms_norm(pooled, comp.norm.weight, cfg.rms_norm_eps)
-            cos, sin = ctx.rope("compress", meta.entry_pos)
-            cache.entries[self.layer][meta.entry_dst] = ctx.k.rope(latent, cos, sin).to(
-                cache.entries[self.layer].dtype)
+            cos, sin = ctx.entry_rope(self.comp_key)
+            io.entries[meta.entry_dst] = ctx.k.rope(latent, cos, sin).to(io.entries.dtype)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
         if not v41 and self.is_index_source:
-            self._compress_v4_index(h_src, ctx, meta)
+            self._compress_v4_index(h_src, ctx, meta, io)
         if v41 and latent is not None and hasattr(self, "indexer") and hasattr(self.indexer, "wk"):
             k = ctx.k.rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight, cfg.rms_norm_eps)
-            cos, sin = ctx.rope("compress", meta.entry_pos)
-            cache.index_keys[self.layer][meta.entry_dst] = ctx.k.rope(k, cos, sin).to(
-                cache.index_keys[self.layer].dtype)
+            cos, sin = ctx.entry_rope(self.comp_key)
+            io.index_keys[meta.entry_dst] = ctx.k.rope(k, cos, sin).to(io.index_keys.dtype)
 
-    def _compress_v4_index(self, h: torch.Tensor, ctx: _StepContext, meta):
+    def _compress_v4_index(self, h: torch.Tensor, ctx: _StepContext, meta, io: LayerIO):
         comp: Compressor = self.indexer.compressor
         rows = comp.project(h, ctx.step.positions, fp32_out=False)
-        state = ctx.cache.comp_state[(self.layer, "index")]
+        state = io.index_state
         if meta.entry_dst.numel():
             c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width, True)
             pooled = ctx.k.compress_pool(c, z, meta.src_valid)
             k = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
-            cos, sin = ctx.rope("compress", meta.entry_pos)
-            ctx.cache.index_keys[self.layer][meta.entry_dst] = ctx.k.rope(k, cos, sin).to(
-                ctx.cache.index_keys[self.layer].dtype)
+            cos, sin = ctx.entry_rope(self.comp_key)
+            io.index_keys[meta.entry_dst] = ctx.k.rope(k, cos, sin).to(io.index_keys.dtype)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
 
     # -- sparse selection ----------------------------------------------------------------------
-    def _select(self, h: torch.Tensor, cq: torch.Tensor, ctx: _StepContext, meta) -> torch.Tensor:
+    def _select(self, h: torch.Tensor, cq: torch.Tensor, ctx: _StepContext, meta, io: LayerIO) -> torch.Tensor:
         """Entry columns (w) selected per token, [T, k] with -1 for none."""
         cfg = self.cfg
-        if not cfg.is_v41 and cfg.layer_kinds[self.layer] == "hca":
-            wcol = torch.arange(meta.vis_idx.shape[1])[None, :].expand_as(meta.vis_idx)
+        if not cfg.is_v41 and self.kind == "hca":
+            wcol = torch.arange(meta.vis_idx.shape[1], device=meta.vis_idx.device)[None, :].expand_as(meta.vis_idx)
             return torch.where(meta.vis_valid, wcol, torch.full_like(wcol, -1))
         if not self.is_index_source:
-            return ctx.topk[cfg.index_source_map[self.layer]]
+            return io.topk
         t = h.shape[0]
         n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
         q = (cq @ self.indexer.wq_b.weight.t()).view(t, n_i, d_i)
         cos, sin = ctx.rope("compress")
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
         w = (h @ self.indexer.weights_proj.weight.t()).float()
+        keys = io.index_keys[meta.vis_idx]
         if cfg.is_v41:
-            keys = ctx.cache.index_keys[cfg.index_k_source_map[self.layer]][meta.vis_idx]
             scores = ctx.k.index_scores(q, keys, w, meta.vis_valid)
-            c_src = cfg.candidate_source_layer_id
-            if c_src is not None and self.layer > c_src and ctx.candidates is not None:
-                mask = candidate_entry_mask(ctx.candidates, scores.shape[1], cfg.candidate_block_size)
+            if self.candidate_consumer and io.candidates is not None:
+                mask = candidate_entry_mask(io.candidates, scores.shape[1], cfg.candidate_block_size)
                 scores = scores.masked_fill(~mask, float("-inf"))
-            if c_src is not None and self.layer == c_src:
-                ctx.candidates = candidate_blocks(scores, meta.n_vis, cfg.candidate_block_size,
-                                                  cfg.candidate_topk_blocks)
+            if self.candidate_source:
+                io.candidates_out = candidate_blocks(scores, meta.n_vis, cfg.candidate_block_size,
+                                                     cfg.candidate_topk_blocks)
         else:
-            keys = ctx.cache.index_keys[self.layer][meta.vis_idx]
             scores = ctx.k.index_scores(q, keys, w * n_i ** -0.5, meta.vis_valid, key_scale=d_i ** -0.5)
         sel = stable_topk(scores, cfg.index_topk)
-        ctx.topk[self.layer] = sel
+        io.topk_out = sel
         return sel
 
-    def forward(self, h: torch.Tensor, ctx: _StepContext) -> torch.Tensor:
-        cfg, step, cache = self.cfg, ctx.step, ctx.cache
+    def forward(self, h: torch.Tensor, ctx: _StepContext, io: LayerIO) -> torch.Tensor:
+        cfg, step = self.cfg, ctx.step
         t = h.shape[0]
         nh, d = cfg.num_heads, cfg.head_dim
         cq = ctx.k.rms_norm(h @ self.wq_a.weight.t(), self.q_norm.weight, cfg.rms_norm_eps)
@@ -234,21 +271,18 @@ class Attention(nn.Module):
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
         kv = ctx.k.rope(ctx.k.rms_norm(h @ self.wkv.weight.t(), self.kv_norm.weight, cfg.rms_norm_eps), cos, sin)
 
-        ring = cache.swa[self.layer]
+        ring = io.swa
         keys = torch.cat([ring, kv.to(ring.dtype)])[step.swa_idx]
         valid = step.swa_valid
         if self.ratio > 0:
             if self.comp_key is not None:
-                h_src = h
-                if cfg.is_v41 and self.layer > cfg.n_prefill_layer:
-                    h_src = ctx.shared_hidden
-                self._compress(h_src, ctx)
-            src = cfg.kv_source_map[self.layer] if cfg.is_v41 else self.layer
-            meta = step.comp[ctx.model.layers[src].attn.comp_key]
-            sel = self._select(h, cq, ctx, meta)
+                h_src = io.shared_hidden if self.uses_shared_hidden else h
+                self._compress(h_src, ctx, io)
+            meta = step.comp[self.src_comp_key]
+            sel = self._select(h, cq, ctx, meta, io)
             sel_ok = sel >= 0
             rows = meta.vis_idx.gather(1, sel.clamp(min=0)) if sel.numel() else sel.clamp(min=0)
-            comp_keys = cache.entries[src][rows]
+            comp_keys = io.entries[rows]
             keys = torch.cat([keys, comp_keys], dim=1)
             valid = torch.cat([valid, sel_ok], dim=1)
         o = ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, d ** -0.5)
@@ -322,9 +356,7 @@ class Engram(nn.Module):
         self.k_weight = nn.Parameter(torch.ones(n_hc, dim, dtype=dtype))
         self.wkv = _linear(n_embed, (n_hc + 1) * dim, dtype)
 
-    def forward(self, x: torch.Tensor, ctx: _StepContext) -> torch.Tensor:
-        from deepinfer.model_executor.layers.engram_hash import engram_indices
-        rows = engram_indices(self.spec, self.layer, ctx.step.ngram_ids)
+    def forward(self, x: torch.Tensor, ctx: _StepContext, rows: torch.Tensor) -> torch.Tensor:
         e = engram_embed(self.embed.weight, rows).to(x.dtype)
         kv = e @ self.wkv.weight.t()
         return ctx.k.engram_gate(x, kv, self.q_weight, self.k_weight, self.cfg.rms_norm_eps)
@@ -348,20 +380,64 @@ class DecoderLayer(nn.Module):
             self.ffn = MoE(cfg, hashed, dtype)
         if engram_spec is not None and layer in engram_spec.layers:
             self.engram = Engram(cfg, layer, engram_spec.layer(layer).num_rows, dtype, engram_spec)
+        self.is_target = (not draft) and cfg.is_v41 and layer in set(cfg.dspark_target_layer_ids or [])
+        self.is_shared_hidden_source = (not draft) and cfg.is_v41 and layer == cfg.n_prefill_layer
 
-    def forward(self, x: torch.Tensor, prev_pre: torch.Tensor | None, ctx: _StepContext):
+    def layer_io(self, ctx: _StepContext) -> LayerIO:
+        """This layer's caches and cross-layer inputs (eager: the only place that uses the layer id)."""
+        cfg, cache, i = self.cfg, ctx.cache, self.layer
+        attn = self.attn
+        io = LayerIO(swa=cache.swa[i], state=cache.comp_state.get((i, "main")),
+                     index_state=cache.comp_state.get((i, "index")))
+        if attn.ratio > 0:
+            io.entries = cache.entries[cfg.kv_source_map[i] if cfg.is_v41 else i]
+            if attn.is_index_source:
+                io.index_keys = cache.index_keys[cfg.index_k_source_map[i] if cfg.is_v41 else i]
+            elif cfg.is_v41:
+                io.topk = ctx.topk[cfg.index_source_map[i]]
+            if attn.candidate_consumer:
+                io.candidates = ctx.candidates
+            if attn.uses_shared_hidden and attn.comp_key is not None:
+                io.shared_hidden = ctx.shared_hidden
+        if hasattr(self, "engram"):
+            io.engram_rows = ctx.engram_rows[i]
+        return io
+
+    def collect(self, io: LayerIO, ctx: _StepContext) -> None:
+        """Store what this layer produced for later layers (eager)."""
+        if io.topk_out is not None:
+            ctx.topk[self.layer] = io.topk_out
+        if io.candidates_out is not None:
+            ctx.candidates = io.candidates_out
+        if io.shared_hidden_out is not None:
+            ctx.shared_hidden = io.shared_hidden_out
+        if io.target_out is not None:
+            ctx.targets[self.layer] = io.target_out
+
+    def forward(self, x: torch.Tensor, prev_pre: torch.Tensor | None, ctx: _StepContext, io: LayerIO):
+        x, pre = self.attn_half(x, prev_pre, ctx, io)
+        return self.ffn_half(x, pre, ctx)
+
+    def attn_half(self, x: torch.Tensor, prev_pre: torch.Tensor | None, ctx: _StepContext, io: LayerIO):
+        """Engram, HC mix and the attention block; returns the trunk and the attention pre weights."""
         cfg, k = self.cfg, ctx.k
         eps, he, it = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
         if hasattr(self, "engram"):
-            x = self.engram(x, ctx)
-        if self.layer in ctx.model.target_layers:
-            ctx.targets[self.layer] = x.float().mean(dim=1).to(x.dtype)
+            x = self.engram(x, ctx, io.engram_rows)
+        if self.is_target:
+            io.target_out = x.float().mean(dim=1).to(x.dtype)
         pre, post, comb = k.hc_mixes(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, eps, he, it)
         u = k.hc_pre(x, prev_pre if cfg.hc_shifted else pre)
         h = ctx.k.rms_norm(u, self.attn_norm.weight, eps)
-        if cfg.is_v41 and self.layer == cfg.n_prefill_layer:
-            ctx.shared_hidden = h
-        x = k.hc_post(x, self.attn(h, ctx), post, comb)
+        if self.is_shared_hidden_source:
+            io.shared_hidden_out = h
+        x = k.hc_post(x, self.attn(h, ctx, io), post, comb)
+        return x, pre
+
+    def ffn_half(self, x: torch.Tensor, pre: torch.Tensor, ctx: _StepContext):
+        """HC mix and the MoE block; returns the trunk and the FFN pre weights (next layer's shift)."""
+        cfg, k = self.cfg, ctx.k
+        eps, he, it = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
         pre2, post2, comb2 = k.hc_mixes(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, eps, he, it)
         u = k.hc_pre(x, pre if cfg.hc_shifted else pre2)
         h = ctx.k.rms_norm(u, self.ffn_norm.weight, eps)
@@ -429,11 +505,14 @@ class DeepseekV4Model(nn.Module):
                 blk.ffn.pack()
 
     @torch.inference_mode()
-    def forward(self, step: StepInputs, cache: ModelCache) -> torch.Tensor:
-        """Returns fp32 logits [len(step.logits_indices), vocab]."""
-        return self.compute_logits(self.hidden_states(step, cache))
+    def forward(self, step: StepInputs, cache: ModelCache, run_layer=None) -> torch.Tensor:
+        """Returns fp32 logits [len(step.logits_indices), vocab].
 
-    def hidden_states(self, step: StepInputs, cache: ModelCache) -> torch.Tensor:
+        run_layer(layer, x, prev_pre, ctx, io) -> (x, pre) replaces the plain layer call; graph
+        runners pass compiled layer regions here (the top level stays eager)."""
+        return self.compute_logits(self.hidden_states(step, cache, run_layer))
+
+    def hidden_states(self, step: StepInputs, cache: ModelCache, run_layer=None) -> torch.Tensor:
         cfg = self.cfg
         ctx = _StepContext(self, step, cache)
         e = self.embed.weight[step.input_ids]
@@ -443,7 +522,12 @@ class DeepseekV4Model(nn.Module):
             prev_pre = torch.zeros(x.shape[0], cfg.hc_mult, dtype=torch.float32)
             prev_pre[:, 0] = 1.0
         for layer in self.layers:
-            x, prev_pre = layer(x, prev_pre, ctx)
+            io = layer.layer_io(ctx)
+            if run_layer is None:
+                x, prev_pre = layer(x, prev_pre, ctx, io)
+            else:
+                x, prev_pre = run_layer(layer, x, prev_pre, ctx, io)
+            layer.collect(io, ctx)
         x = x[step.logits_indices]
         if cfg.hc_shifted:
             h = self.kernels.hc_pre(x, prev_pre[step.logits_indices])

@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny checkpoints built once per session, and the neuron_device skip."""
+import glob
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    if glob.glob("/dev/neuron*"):
+        return
+    skip = pytest.mark.skip(reason="needs a Neuron device (no /dev/neuron* here)")
+    for item in items:
+        if "neuron_device" in item.keywords:
+            item.add_marker(skip)
+
+
+def _build(tmp_path_factory, name: str, kind: str, unquantized: bool = False):
+    # Lazy import: collecting tests must not require the checkpoint writer.
+    from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
+
+    out = tmp_path_factory.mktemp(name)
+    make_tiny_checkpoint(kind, out, seed=0, unquantized=unquantized)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_v4_dir(tmp_path_factory):
+    """Tiny V4 checkpoint in the real layout (fp8 block weights, fp4 experts, real tokenizer)."""
+    return _build(tmp_path_factory, "tiny-v4", "v4")
+
+
+@pytest.fixture(scope="session")
+def tiny_v4_dense_dir(tmp_path_factory):
+    """Tiny V4 checkpoint with dense fp32 weights (loadable by transformers for golden tests)."""
+    return _build(tmp_path_factory, "tiny-v4-dense", "v4", unquantized=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_v41_dir(tmp_path_factory):
+    """Tiny V4.1 checkpoint (always fp8/fp4 quantized like the real one)."""
+    return _build(tmp_path_factory, "tiny-v41", "v41")

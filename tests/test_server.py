@@ -1,0 +1,382 @@
+"""The OpenAI-compatible server as a real uvicorn process over the tiny V4 checkpoint.
+
+One server per module; the offline reference is LLM.generate with the same engine settings.
+Every request is greedy with small max_tokens: the tiny model decodes a few tokens a second on 2
+cores, so the 32-client and disconnect tests take seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from deepinfer.sampling_params import SamplingParams
+from serve.chat_template import ChatTurn, render_chat
+from test_server_support import (API_KEY, MAX_MODEL_LEN, MODEL_NAME, ServerProcess, engine_args,
+                                 model_dir_fixture, parse_sse, stream_text)
+
+
+@pytest.fixture(scope="module")
+def model_dir(request, tmp_path_factory):
+    return model_dir_fixture(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    srv = ServerProcess(model_dir, "--max-body-bytes", str(1 << 20))
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.terminate()
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir, server):  # after the server, so its startup overlaps nothing else
+    from deepinfer.entrypoints.llm import LLM
+    return LLM(str(model_dir), **engine_args())
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+
+
+def offline_texts(llm, prompts, max_tokens: list[int], **kw) -> list[str]:
+    outs = llm.generate(prompts, [greedy(m, **kw) for m in max_tokens], use_tqdm=False)
+    return [o.outputs[0].text for o in outs]
+
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+def post(server, path: str, body, headers=None, timeout=120.0) -> httpx.Response:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.base + path, content=data, timeout=timeout,
+                      headers={"Content-Type": "application/json", **(server.headers if headers is None else headers)})
+
+
+# ---- basics -------------------------------------------------------------------------------------
+def test_health_was_503_while_loading_then_200(server):
+    # The server binds before the engine thread has loaded the model, so the first answer seen
+    # while polling is a 503; it then turns 200.
+    assert server.health_statuses[0] == 503
+    assert server.health_statuses[-1] == 200
+    assert httpx.get(server.base + "/health").status_code == 200
+
+
+def test_models_lists_the_served_name(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    assert models.data[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_metrics_prometheus_format(server):
+    r = httpx.get(server.base + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for name, kind in [("num_requests_running", "gauge"), ("num_requests_waiting", "gauge"),
+                       ("kv_blocks_used", "gauge"), ("kv_blocks_free", "gauge"),
+                       ("prompt_tokens_total", "counter"), ("generation_tokens_total", "counter"),
+                       ("time_to_first_token_seconds", "histogram"),
+                       ("inter_token_latency_seconds", "histogram")]:
+        assert f"# TYPE deepinfer:{name} {kind}" in text
+    m = server.metrics()
+    assert m["deepinfer:kv_blocks_used"] == 0
+    assert m["deepinfer:kv_blocks_free"] > 0
+
+
+# ---- parity with LLM.generate -------------------------------------------------------------------
+PARITY_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+
+
+def in_parallel(*calls):
+    """Run the calls on threads (so the server batches them); their results in order."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
+def test_openai_client_completions_match_offline(client, llm):
+    expected = offline_texts(llm, PARITY_PROMPTS, [4] * 3)
+
+    def stream(prompt):
+        return list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4,
+                                              temperature=0, stream=True,
+                                              stream_options={"include_usage": True}))
+    got, *streams = in_parallel(
+        lambda: client.completions.create(model=MODEL_NAME, prompt=PARITY_PROMPTS, max_tokens=4,
+                                          temperature=0),
+        *[lambda p=p: stream(p) for p in PARITY_PROMPTS])
+    assert got.object == "text_completion" and got.id.startswith("cmpl-")
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == expected
+    assert [c.finish_reason for c in got.choices] == ["length"] * 3
+    assert got.usage.completion_tokens == 12
+    prompt_lens = [len(llm.get_tokenizer().encode(p)) for p in PARITY_PROMPTS]
+    assert got.usage.prompt_tokens == sum(prompt_lens)
+    for chunks, text in zip(streams, expected):
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+        finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finals[-1] == "length" and all(f is None for f in finals[:-1])
+
+
+def test_token_id_prompts_and_echo_match_offline(server, llm):
+    ids = [[5, 17, 400, 1234], [9, 9, 9]]
+    expected = offline_texts(llm, [{"prompt_token_ids": p} for p in ids], [3, 3])
+    r = post(server, "/v1/completions", {"model": MODEL_NAME, "prompt": ids, "max_tokens": 3,
+                                         "temperature": 0, "echo": True})
+    assert r.status_code == 200, r.text
+    tok = llm.get_tokenizer()
+    texts = [c["text"] for c in r.json()["choices"]]
+    assert texts == [tok.decode(p) + e for p, e in zip(ids, expected)]
+    assert r.json()["usage"]["prompt_tokens"] == 7
+
+
+def test_n_seed_and_logprobs(server):
+    body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, "temperature": 1.0, "n": 2,
+            "seed": 7, "logprobs": 2}
+    first, again = in_parallel(*[lambda: post(server, "/v1/completions", body).json()] * 2)
+    assert [c["text"] for c in first["choices"]] == [c["text"] for c in again["choices"]]
+    assert [c["index"] for c in first["choices"]] == [0, 1]
+    for c in first["choices"]:
+        lp = c["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 2
+        assert all(v <= 0.0 for v in lp["token_logprobs"])
+        assert all(1 <= len(top) <= 3 for top in lp["top_logprobs"])
+        assert "".join(lp["tokens"]) == c["text"]
+
+
+def test_stop_string_and_stop_token_ids(server, llm):
+    ref = llm.generate(["Once upon a time"], greedy(6), use_tqdm=False)[0].outputs[0]
+    full, ids = ref.text, ref.token_ids
+    stop = full[len(full) // 2:][:2]
+    body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+    by_id, by_str = in_parallel(
+        lambda: post(server, C, {**body, "stop_token_ids": [ids[2]]}).json(),
+        lambda: post(server, C, {**body, "stop": [stop]}).json())
+    assert by_id["choices"][0]["finish_reason"] == "stop"
+    assert by_id["choices"][0]["stop_reason"] == ids[2]
+    assert by_id["usage"]["completion_tokens"] == 3
+    assert by_str["choices"][0]["text"] == full[:full.index(stop)]
+    assert by_str["choices"][0]["finish_reason"] == "stop"
+    assert by_str["choices"][0]["stop_reason"] == stop
+
+
+def test_chat_uses_deepseek_template(client, llm):
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name a colour."}]
+    text = render_chat([ChatTurn(m["role"], m["content"]) for m in messages])
+    ids = llm.get_tokenizer().encode(text)
+    assert ids.count(0) == 1, "exactly one BOS"
+    expected = offline_texts(llm, [{"prompt_token_ids": ids}], [4])[0]
+    got, chunks = in_parallel(
+        lambda: client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
+                                               temperature=0),
+        lambda: list(client.chat.completions.create(model=MODEL_NAME, messages=messages,
+                                                    max_tokens=4, temperature=0, stream=True,
+                                                    stream_options={"include_usage": True})))
+    assert got.object == "chat.completion" and got.id.startswith("chatcmpl-")
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == expected
+    assert got.usage.prompt_tokens == len(ids)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].usage.completion_tokens == 4
+
+
+# ---- concurrency --------------------------------------------------------------------------------
+async def _stream_completion(base: str, body: dict) -> tuple[list[dict], bool]:
+    async with httpx.AsyncClient(timeout=300) as c:
+        async with c.stream("POST", base + "/v1/completions", json=body,
+                            headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+            assert r.status_code == 200, await r.aread()
+            raw = (await r.aread()).decode()
+    return parse_sse(raw)
+
+
+def test_32_concurrent_streams_mixed_lengths(server, llm):
+    # 8 prompts of different lengths, each asked for 1..4 tokens: 32 streams in one batch.
+    base_prompts = [[100 + i] * length + [2000 + i] for i, length in enumerate([0, 2, 4, 7, 1, 11, 3, 5])]
+    ref = llm.generate([{"prompt_token_ids": p} for p in base_prompts], greedy(4, ignore_eos=True),
+                       use_tqdm=False)
+    tok = llm.get_tokenizer()
+    cases = [(i, m) for m in (1, 2, 3, 4) for i in range(8)]
+    for r in ref:  # the prefix rule below, anchored on the full text
+        assert tok.decode(r.outputs[0].token_ids) == r.outputs[0].text
+    bodies = [{"model": MODEL_NAME, "prompt": base_prompts[i], "max_tokens": m, "temperature": 0,
+               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+              for i, m in cases]
+
+    async def run_all():
+        return await asyncio.gather(*[_stream_completion(server.base, b) for b in bodies])
+
+    t0 = time.monotonic()
+    results = asyncio.run(run_all())
+    elapsed = time.monotonic() - t0
+    for (events, done), (i, m) in zip(results, cases):
+        assert done, "stream must end with [DONE]"
+        assert stream_text(events) == {0: tok.decode(ref[i].outputs[0].token_ids[:m])}
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == m
+        assert [e["choices"][0]["finish_reason"] for e in events[:-1]][-1] == "length"
+    m = server.wait_metrics(lambda m: m["deepinfer:kv_blocks_used"] == 0, timeout_s=10)
+    assert m["deepinfer:num_requests_running"] == 0 and m["deepinfer:num_requests_waiting"] == 0
+    print(f"32 streams: {elapsed:.1f} s")
+
+
+# ---- disconnects --------------------------------------------------------------------------------
+def _aborts(m) -> float:
+    return m.get('deepinfer:request_success_total{finished_reason="abort"}', 0.0)
+
+
+def test_client_dropping_mid_stream_is_aborted_and_others_unaffected(server, llm):
+    expected = offline_texts(llm, ["Once upon a time"], [4])[0]
+    before = server.metrics()
+
+    async def scenario():
+        async def dropper():
+            async with httpx.AsyncClient(timeout=300) as c:
+                async with c.stream("POST", server.base + "/v1/completions",
+                                    headers={"Authorization": f"Bearer {API_KEY}"},
+                                    json={"model": MODEL_NAME, "prompt": "Hello there", "stream": True,
+                                          "max_tokens": 200, "temperature": 0, "ignore_eos": True}) as r:
+                    seen = 0
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            seen += 1
+                            if seen == 2:
+                                return seen  # leaving the context closes the connection
+            return seen
+
+        async def survivor():
+            await asyncio.sleep(0.2)
+            return await _stream_completion(server.base, {
+                "model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 4,
+                "temperature": 0, "stream": True})
+        return await asyncio.gather(dropper(), survivor())
+
+    seen, (events, done) = asyncio.run(scenario())
+    assert seen == 2
+    assert done and stream_text(events) == {0: expected}
+    m = server.wait_metrics(lambda m: m["deepinfer:kv_blocks_used"] == 0
+                            and m["deepinfer:num_requests_running"] == 0, timeout_s=20)
+    assert _aborts(m) == _aborts(before) + 1
+    # Far fewer than the 200 tokens the dropped request asked for were generated.
+    generated = m["deepinfer:generation_tokens_total"] - before["deepinfer:generation_tokens_total"]
+    assert generated < 60
+
+
+def test_non_streaming_client_disconnect_is_aborted(server):
+    before = server.metrics()
+    body = json.dumps({"model": MODEL_NAME, "prompt": "Hello there", "max_tokens": 200,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                 + body)
+    server.wait_metrics(lambda m: m["deepinfer:kv_blocks_used"] > 0, timeout_s=20)
+    sock.close()
+    m = server.wait_metrics(lambda m: m["deepinfer:kv_blocks_used"] == 0
+                            and _aborts(m) == _aborts(before) + 1, timeout_s=20)
+    assert m["deepinfer:generation_tokens_total"] - before["deepinfer:generation_tokens_total"] < 60
+
+
+# ---- malformed and hostile requests -------------------------------------------------------------
+OK = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1}
+NO_KEY, BAD_KEY = {}, {"Authorization": "Bearer wrong"}
+USER_MSG = [{"role": "user", "content": "hi"}]
+
+# (name, path, body, headers or None (= the right key), expected status, expected param or None)
+BAD_REQUESTS = [
+    ("invalid json", C, b'{"prompt": "hi", ', None, 400, None),
+    ("body is a list", C, [1, 2], None, 400, None),
+    ("body is not utf-8", C, b"\xff\xfe{}", None, 400, None),
+    ("missing prompt", C, {"model": MODEL_NAME}, None, 400, "prompt"),
+    ("prompt is a number", C, {**OK, "prompt": 5}, None, 400, "prompt"),
+    ("prompt list of mixed types", C, {**OK, "prompt": ["a", 1]}, None, 400, "prompt"),
+    ("max_tokens is a string", C, {**OK, "max_tokens": "16"}, None, 400, "max_tokens"),
+    ("negative max_tokens", C, {**OK, "max_tokens": -1}, None, 400, "max_tokens"),
+    ("huge max_tokens", C, {**OK, "max_tokens": 10**9}, None, 400, "max_tokens"),
+    ("temperature above 2", C, {**OK, "temperature": 3.5}, None, 400, "temperature"),
+    ("negative temperature", C, {**OK, "temperature": -0.5}, None, 400, "temperature"),
+    ("top_p zero", C, {**OK, "top_p": 0.0}, None, 400, "top_p"),
+    ("top_k below -1", C, {**OK, "top_k": -5}, None, 400, "top_k"),
+    ("min_p above 1", C, {**OK, "min_p": 1.5}, None, 400, "min_p"),
+    ("huge n", C, {**OK, "n": 100000}, None, 400, "n"),
+    ("negative seed", C, {**OK, "seed": -1}, None, 400, "seed"),
+    ("min_tokens above max_tokens", C, {**OK, "min_tokens": 5}, None, 400, "min_tokens"),
+    ("logprobs too many", C, {**OK, "logprobs": 100}, None, 400, "logprobs"),
+    ("stream is a string", C, {**OK, "stream": "yes"}, None, 400, "stream"),
+    ("stream_options without stream", C, {**OK, "stream_options": {"include_usage": True}}, None, 400,
+     "stream_options"),
+    ("too many stop strings", C, {**OK, "stop": ["x"] * 100}, None, 400, "stop"),
+    ("empty prompt", C, {**OK, "prompt": ""}, None, 400, "prompt"),
+    ("empty prompt list", C, {**OK, "prompt": []}, None, 400, "prompt"),
+    ("token id out of vocabulary", C, {**OK, "prompt": [999999]}, None, 400, "prompt"),
+    ("negative token id", C, {**OK, "prompt": [[1, -1]]}, None, 400, "prompt"),
+    ("prompt longer than max_model_len", C, {**OK, "prompt": [7] * (MAX_MODEL_LEN + 10)}, None, 400,
+     "prompt"),
+    ("prompt + max_tokens over max_model_len", C, {**OK, "prompt": [7] * 250, "max_tokens": 10}, None,
+     400, "max_tokens"),
+    ("too many prompts", C, {**OK, "prompt": ["a"] * 1000}, None, 400, "prompt"),
+    ("unknown model", C, {**OK, "model": "gpt-4"}, None, 404, "model"),
+    ("missing API key", C, OK, NO_KEY, 401, None),
+    ("wrong API key", C, OK, BAD_KEY, 401, None),
+    ("body over the size limit", C, {**OK, "prompt": "x" * (2 << 20)}, None, 413, None),
+    ("best_of above 1", C, {**OK, "best_of": 3}, None, 501, "best_of"),
+    ("nonzero presence_penalty", C, {**OK, "presence_penalty": 0.5}, None, 501, "presence_penalty"),
+    ("unknown fields are ignored", C, {**OK, "frobnicate": {"x": 1}, "user": "u1"}, None, 200, None),
+    ("chat: messages missing", CHAT, {"model": MODEL_NAME}, None, 400, "messages"),
+    ("chat: messages empty", CHAT, {"messages": []}, None, 400, "messages"),
+    ("chat: unknown role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, None, 400,
+     "messages"),
+    ("chat: content is a number", CHAT, {"messages": [{"role": "user", "content": 3}]}, None, 400,
+     "messages"),
+    ("chat: tools", CHAT, {"messages": USER_MSG, "tools": [{"type": "function"}]}, None, 501, "tools"),
+    ("chat: max_tokens zero", CHAT, {"messages": USER_MSG, "max_tokens": 0}, None, 400, "max_tokens"),
+    ("chat: wrong key", CHAT, {"messages": USER_MSG}, BAD_KEY, 401, None),
+]
+
+
+@pytest.mark.parametrize("name,path,body,headers,status,param", BAD_REQUESTS,
+                         ids=[case[0] for case in BAD_REQUESTS])
+def test_bad_request_gets_documented_status(server, name, path, body, headers, status, param):
+    r = post(server, path, body, headers=headers)
+    assert r.status_code == status, r.text
+    if status != 200:
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["code"] == status and err["message"]
+        if param is not None:
+            assert err["param"] == param
+
+
+def test_wrong_method_and_unknown_route_are_openai_errors(server):
+    r = httpx.get(server.base + C, headers=server.headers)
+    assert r.status_code == 405 and r.json()["error"]["code"] == 405
+    r = httpx.post(server.base + "/v1/nope", headers=server.headers)
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
+
+
+def test_server_still_serves_after_bad_requests(server, llm):
+    for name, path, body, headers, status, _ in BAD_REQUESTS:
+        if status != 200:
+            assert post(server, path, body, headers=headers).status_code == status
+    expected = offline_texts(llm, ["def fibonacci(n):"], [2])[0]
+    r = post(server, C, {"model": MODEL_NAME, "prompt": "def fibonacci(n):", "max_tokens": 2,
+                         "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
+    assert httpx.get(server.base + "/health").status_code == 200
+    m = server.wait_metrics(lambda m: m["deepinfer:kv_blocks_used"] == 0, timeout_s=10)
+    assert m["deepinfer:engine_step_errors_total"] == 0

@@ -1,0 +1,158 @@
+"""Helpers for the server tests (no tests here): a real `python -m serve` process on a free
+loopback port, SSE parsing and /metrics reading."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+API_KEY = "test-key-123"
+MODEL_NAME = "tiny-v4"
+# Small enough that the tests' prompts + max_tokens fit, big enough for a 200-token request.
+MAX_MODEL_LEN = 256
+MAX_NUM_SEQS = 32
+NUM_KV_BLOCKS = 512
+
+
+def model_dir_fixture(request, tmp_path_factory) -> Path:
+    """The session's tiny V4 checkpoint (conftest's tiny_v4_dir), or one made here."""
+    try:
+        return Path(request.getfixturevalue("tiny_v4_dir"))
+    except pytest.FixtureLookupError:
+        from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
+        return Path(make_tiny_checkpoint("v4", tmp_path_factory.mktemp("tiny_v4"), seed=0))
+
+
+def engine_args() -> dict:
+    """The engine settings the server runs with (the offline reference uses the same)."""
+    return dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=NUM_KV_BLOCKS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model_dir: Path, *extra: str, api_key: str | None = API_KEY):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="serve-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "serve", "--model", str(model_dir), "--port", str(self.port),
+               "--served-model-name", MODEL_NAME, "--max-model-len", str(MAX_MODEL_LEN),
+               "--max-num-seqs", str(MAX_NUM_SEQS), "--num-kv-blocks", str(NUM_KV_BLOCKS),
+               "--log-level", "warning", *extra]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.health_statuses: list[int] = []  # what /health answered while starting
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.read_log()}")
+            try:
+                status = httpx.get(self.base + "/health", timeout=2.0).status_code
+            except httpx.HTTPError:
+                time.sleep(0.1)
+                continue
+            self.health_statuses.append(status)
+            if status == 200:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready after {timeout_s} s:\n{self.read_log()}")
+
+    def read_log(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")[-5000:]
+
+    def child_pids(self) -> list[int]:
+        """Direct children of the server process (from /proc)."""
+        pids = []
+        task_dir = Path(f"/proc/{self.proc.pid}/task")
+        for task in task_dir.iterdir() if task_dir.exists() else []:
+            try:
+                pids += [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        return pids
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def metrics(self) -> dict[str, float]:
+        from serve.metrics import parse_metrics
+        text = httpx.get(self.base + "/metrics", timeout=10.0).text
+        return {key.split("{")[0] + _label_suffix(key): value for key, value in parse_metrics(text).items()}
+
+    def wait_metrics(self, predicate, timeout_s: float = 30.0) -> dict[str, float]:
+        """Poll /metrics until predicate(metrics) holds; returns those metrics."""
+        deadline = time.monotonic() + timeout_s
+        m = self.metrics()
+        while not predicate(m):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"metrics condition not met within {timeout_s} s: {m}")
+            time.sleep(0.05)
+            m = self.metrics()
+        return m
+
+
+def _label_suffix(key: str) -> str:
+    # Keep only labels that distinguish samples of one metric (finish reason, bucket bound).
+    if "{" not in key:
+        return ""
+    labels = key[key.index("{") + 1:-1]
+    keep = [part for part in labels.split(",") if not part.startswith("model_name=")]
+    return "{" + ",".join(keep) + "}" if keep else ""
+
+
+def parse_sse(raw: str) -> tuple[list[dict], bool]:
+    """(JSON events, whether the stream ended with [DONE]) of an SSE body."""
+    events, done = [], False
+    for block in raw.split("\n\n"):
+        block = block.strip()
+        if not block:
+            continue
+        assert block.startswith("data: "), f"not an SSE data event: {block[:100]!r}"
+        data = block[len("data: "):]
+        assert not done, "event after [DONE]"
+        if data == "[DONE]":
+            done = True
+        else:
+            events.append(json.loads(data))
+    return events, done
+
+
+def stream_text(events: list[dict]) -> dict[int, str]:
+    """Concatenated text per choice index of completion chunks."""
+    texts: dict[int, str] = {}
+    for ev in events:
+        for ch in ev.get("choices", []):
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+    return texts
