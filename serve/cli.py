@@ -79,16 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine_config = EngineConfig(
-        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
-        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
-        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-        enforce_eager=args.enforce_eager, seed=args.seed)
-    server_config = ServerConfig(
-        served_model_name=args.served_model_name or args.model, api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes, shutdown_timeout=args.shutdown_timeout,
-        max_pending=args.max_pending, created=int(time.time()))
+    try:
+        engine_config, server_config = _configs(args)
+    except ValueError as e:
+        logger.error("invalid argument: %s", e)
+        return 2
 
     def build_engine():
         from deepinfer.engine.llm_engine import LLMEngine
@@ -103,3 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     engine_loop.on_fatal = server.fatal
     server.run()
     return server.exit_code
+
+
+def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
+    engine_config = EngineConfig(
+        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
+        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+        enforce_eager=args.enforce_eager, seed=args.seed)
+    server_config = ServerConfig(
+        served_model_name=args.served_model_name or args.model, api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes, shutdown_timeout=args.shutdown_timeout,
+        max_pending=args.max_pending, created=int(time.time()))
+    return engine_config, server_config

@@ -22,6 +22,7 @@ logger = logging.getLogger("serve")
 async def create_completion(request: Request, state: ServerState) -> Response:
     req = parse_body(await request.body(), CompletionRequest)
     req.check()
+    req.sampling_params(req.max_tokens or None, req.logprobs)  # reject bad fields before tokenizing
     state.check_model(req.model)
     state.engine_loop.check_available()
     prompts = await asyncio.to_thread(_engine_prompts, req.prompt, state.tokenizer, state.vocab_size)
@@ -119,7 +120,8 @@ class _Context:
             return ""
         if index not in self._echo_text:
             p = self.prompts[index]
-            self._echo_text[index] = p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
+            text = p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
+            self._echo_text[index] = text
         return self._echo_text[index]
 
     def envelope(self, choices: list[dict], usage_obj=None, stream: bool = False) -> dict:

@@ -40,12 +40,17 @@ class Generation:
     async def start(self) -> None:
         """Hand every prompt to the engine; a rejected prompt raises (400 for bad input)."""
         futures = []
-        for rid, prompt, params in zip(self.request_ids, self.prompts, self.params):
-            # Pending before the await, so an abort covers a request the engine is adding now.
-            self._pending.add(rid)
-            futures.append(self.engine_loop.submit(
-                rid, {"prompt_token_ids": prompt.token_ids, "prompt": prompt.text}, params,
-                self._queue))
+        try:
+            for rid, prompt, params in zip(self.request_ids, self.prompts, self.params):
+                # Pending before the await, so an abort covers a request the engine is adding now.
+                self._pending.add(rid)
+                futures.append(self.engine_loop.submit(
+                    rid, {"prompt_token_ids": prompt.token_ids, "prompt": prompt.text}, params,
+                    self._queue))
+        except BaseException:
+            for future in futures:
+                future.cancel()  # nobody will await them; the caller's abort() undoes the adds
+            raise
         results = await asyncio.gather(*futures, return_exceptions=True)
         for result in results:
             if isinstance(result, APIError):

@@ -104,12 +104,3 @@ def chat_logprobs(entries: list[dict], tokenizer, num_top: int) -> dict:
                               "bytes": list(t.encode("utf-8"))} for tid, v in ranked]})
     return {"content": content}
 
-
-def merge_completion_logprobs(parts: list[dict]) -> dict | None:
-    if not parts:
-        return None
-    merged = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for part in parts:
-        for key in merged:
-            merged[key].extend(part[key])
-    return merged

@@ -96,3 +96,17 @@ def _processes_mentioning(text: str) -> list[int]:
         if text in cmdline:
             found.append(int(entry))
     return found
+
+
+def test_bad_arguments_and_unloadable_model_exit_nonzero(tmp_path):
+    bad_args = ServerProcess(tmp_path, "--max-num-seqs", "0")
+    assert bad_args.proc.wait(timeout=60) == 2, bad_args.read_log()
+    assert "max_num_seqs" in bad_args.read_log()
+    # An empty directory: the engine thread fails to load it, /health never turns 200, exit 1.
+    no_model = ServerProcess(tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            no_model.wait_ready(timeout_s=120)
+        assert 200 not in no_model.health_statuses
+    finally:
+        no_model.terminate()

@@ -91,3 +91,50 @@ def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
 def bytes_per_slot(cfg, dtype: torch.dtype) -> int:
     return sum(it.rows_per * it.width * torch.finfo(it.dtype).bits // 8
                for it in storage_plan(cfg, default_block_size(cfg), dtype) if it.per == "slot")
+
+
+# ---- bytes-per-token report (no allocation) ----------------------------------------------------
+# Compact record sizes follow DeepSeek's engine formats (model.md §5.1): SWA kv as 512 e4m3 + one
+# ue8m0 scale per 32 values; compressed main KV as e2m1 with one e4m3 scale per 16 values; index
+# keys as e2m1 with one ue8m0 scale per 32; compressor state rows stay fp32.
+def record_bytes(kind: str, width: int, mode: str, dtype: torch.dtype) -> int:
+    if mode == "plain":
+        return width * torch.finfo(dtype).bits // 8
+    if mode != "compact":
+        raise ValueError(f"mode: expected 'plain' or 'compact', got {mode!r}")
+    if kind == "swa":
+        return width + width // 32
+    if kind == "entries":
+        return width // 2 + width // 16
+    if kind == "index":
+        return width // 2 + width // 32
+    return width * 4  # compressor state: fp32
+
+
+def kv_cache_report(cfg, mode: str = "plain", dtype: torch.dtype = torch.bfloat16, max_q: int = 1) -> dict:
+    """Bytes per token of growth (compressed entries and index keys) and fixed bytes per sequence
+    (SWA rings of every layer incl. draft layers, compressor state rings sized ratio + max_q - 1)."""
+    per_token = 0.0
+    per_seq = 0
+    detail = {"entries": 0.0, "index": 0.0, "swa": 0, "state": 0}
+    block = default_block_size(cfg)
+    for it in storage_plan(cfg, block, dtype):
+        if it.per == "block":
+            m = block // it.rows_per
+            b = record_bytes(it.kind, it.width, mode, dtype) / m
+            per_token += b
+            detail[it.kind] += b
+        elif it.kind == "swa":
+            b = it.rows_per * record_bytes("swa", it.width, mode, dtype)
+            per_seq += b
+            detail["swa"] += b
+        else:
+            ring = it.rows_per
+            spec = compressor_spec(cfg, it.layer)
+            if cfg.is_v41 and spec is not None:
+                ring = spec[0] + max_q - 1 if spec[0] > 1 else 0  # C1 keeps no state
+            b = ring * it.width * torch.finfo(it.dtype).bits // 8  # state rows are never compacted
+            per_seq += b
+            detail["state"] += b
+    return {"mode": mode, "dtype": str(dtype).replace("torch.", ""), "bytes_per_token": per_token,
+            "bytes_per_sequence_fixed": per_seq, "detail": detail}

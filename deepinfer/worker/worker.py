@@ -7,6 +7,7 @@ import torch
 from deepinfer.model_executor.forward_meta import SeqChunk
 from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
+from deepinfer.platforms import current_platform
 from deepinfer.worker import cache_engine
 from deepinfer.worker.graph_runner import EagerRunner
 
@@ -25,22 +26,29 @@ def resolve_dtype(dtype, model_config) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool = True) -> DeepseekV4Model:
+def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool = True,
+                platform=None) -> DeepseekV4Model:
     from deepinfer.model_executor.loader import load_checkpoint
-    model = DeepseekV4Model(model_config, dtype)
+    model = DeepseekV4Model(model_config, dtype, platform=platform)
     load_checkpoint(model, model_dir, dtype, progress=progress)
     model.post_load()
     model.eval()
+    if platform is not None and platform.device.type != "cpu":
+        model.to(platform.device)
     return model
 
 
 class Worker:
-    def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, runner_cls=None):
+    def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, runner_cls=None,
+                 platform=None):
         self.model_config = model_config
         self.engine_config = engine_config
+        self.platform = platform or current_platform()
+        self.platform.validate_config(engine_config, model_config)
         self.dtype = resolve_dtype(engine_config.dtype, model_config)
         t0 = time.perf_counter()
-        self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype)
+        self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
+                                                                 platform=self.platform)
         self.load_time_s = time.perf_counter() - t0
         cfg = model_config
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
@@ -58,10 +66,12 @@ class Worker:
             want = -(-max_len // self.block_size) * int(engine_config.max_num_seqs) + 1
             self.num_kv_blocks = max(min_blocks, min(want, budget // max(1, self.bytes_per_block)))
         self.cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
-                                                 self.dtype)
+                                                 self.dtype, device=self.platform.device)
         self.layout = cache_engine.cache_layout(cfg, self.num_state_slots, self.block_size,
                                                 getattr(self.model, "engram_spec", None))
-        self.runner = (runner_cls or EagerRunner)(self.model, self.layout)
+        if runner_cls is None:
+            runner_cls = EagerRunner if engine_config.enforce_eager else self.platform.graph_runner_cls
+        self.runner = runner_cls(self.model, self.layout)
         self.sampler = Sampler()
         self.eos_ids = list(getattr(cfg, "eos_token_ids", []) or [])
         self.last_forward_s = 0.0

@@ -1,0 +1,142 @@
+"""PyTorch references of the Neuron kernels, with the kernels' exact argument lists.
+
+Each reference is registered as a `torch.library` custom op (namespace `deepinfer_neuron`) with a
+fake (shape-only) implementation, so a host-mode region graph holds one node per kernel, as a device
+graph holds one NKI call (neuron.md §3.1), and tracing never runs the reference's math on fake
+tensors (tests/neuron/test_kernels.py checks every fake against the reference with opcheck). The math is not
+copied: the model's layer functions are the references; only the fixed-shape MoE is Neuron's own
+formulation (neuron_ops/static_moe.py).
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from deepinfer.model_executor.layers import attention, compressor, engram, hc, indexer, moe, norm, rope
+from deepinfer.neuron_ops import static_moe
+from deepinfer.neuron_ops.refs import blockquant
+
+_NS = "deepinfer_neuron"
+
+
+def _op(name: str, fn, fake):
+    op = torch.library.custom_op(f"{_NS}::{name}", mutates_args=())(fn)
+    op.register_fake(fake)
+    return op
+
+
+def _f32(x: Tensor, *shape) -> Tensor:
+    return x.new_empty(shape, dtype=torch.float32)
+
+
+# Output shapes and dtypes of each reference (the `*_` arguments are not needed for the shape).
+FAKES = {
+    "rms_norm": lambda x, weight, eps: torch.empty_like(x),
+    "rope": lambda x, cos, sin, inverse=False: torch.empty_like(x),
+    "hc_mixes": lambda x, fn, base, scale, norm_eps, hc_eps, iters: (
+        _f32(x, x.shape[0], x.shape[1]), _f32(x, x.shape[0], x.shape[1]), _f32(x, x.shape[0], x.shape[1], x.shape[1])),
+    "hc_pre": lambda x, pre: x.new_empty(x.shape[0], x.shape[2]),
+    "hc_post": lambda x, y, post, comb: torch.empty_like(x),
+    "hc_head": lambda x, fn, base, scale, norm_eps, hc_eps: _f32(x, x.shape[0], fn.shape[0]),
+    "sink_attention": lambda q, keys, valid, sink, scale: torch.empty_like(q),
+    "index_scores": lambda q, keys, weights, valid, key_scale=1.0: _f32(q, q.shape[0], keys.shape[1]),
+    "compress_pool": lambda c, z, valid: c.new_empty(c.shape[0], c.shape[2]),
+    "moe_experts": lambda x, idx, weights, w13, w2, limit: torch.empty_like(x),
+    "expert_mlp": lambda x, w1, w3, w2, limit: x.new_empty(x.shape[0], w2.shape[0]),
+    "engram_gate": lambda x, kv, q_weight, k_weight, eps: torch.empty_like(x),
+    "swiglu": lambda gate, up, limit: torch.empty_like(gate),
+    "blockquant_fp8_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(x.shape[0], w_codes.shape[0]),
+    "blockquant_fp4_gemm": lambda x, w_packed, w_scale, group: x.new_empty(x.shape[0], w_packed.shape[0]),
+}
+
+
+def _rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    return norm.rms_norm(x, weight, eps)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
+    return rope.apply_rope(x, cos, sin, inverse)
+
+
+def _hc_mixes(x: Tensor, fn: Tensor, base: Tensor, scale: Tensor, norm_eps: float, hc_eps: float,
+              iters: int) -> tuple[Tensor, Tensor, Tensor]:
+    return hc.hc_mixes(x, fn, base, scale, norm_eps, hc_eps, iters)
+
+
+def _hc_pre(x: Tensor, pre: Tensor) -> Tensor:
+    return hc.hc_pre_apply(x, pre)
+
+
+def _hc_post(x: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    return hc.hc_post_apply(x, y, post, comb)
+
+
+def _hc_head(x: Tensor, fn: Tensor, base: Tensor, scale: Tensor, norm_eps: float, hc_eps: float) -> Tensor:
+    return hc.hc_head_weights(x, fn, base, scale, norm_eps, hc_eps)
+
+
+def _sink_attention(q: Tensor, keys: Tensor, valid: Tensor, sink: Tensor, scale: float) -> Tensor:
+    return attention.sink_attention(q, keys, valid, sink, scale)
+
+
+def _index_scores(q: Tensor, keys: Tensor, weights: Tensor, valid: Tensor, key_scale: float = 1.0) -> Tensor:
+    return indexer.index_scores(q, keys, weights, valid, key_scale)
+
+
+def _compress_pool(c: Tensor, z: Tensor, valid: Tensor) -> Tensor:
+    return compressor.pool_entries(c, z, valid)
+
+
+def _moe_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w2: Tensor, limit: float) -> Tensor:
+    return static_moe.static_moe_experts(x, idx, weights, w13, w2, limit)
+
+
+def _expert_mlp(x: Tensor, w1: Tensor, w3: Tensor, w2: Tensor, limit: float) -> Tensor:
+    return moe.expert_mlp(x, w1, w3, w2, limit)
+
+
+def _engram_gate(x: Tensor, kv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> Tensor:
+    return engram.engram_gate(x, kv, q_weight, k_weight, eps)
+
+
+def _swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
+    return moe.swiglu(gate, up, limit)
+
+
+def _blockquant_fp8_gemm(x: Tensor, w_codes: Tensor, w_scale: Tensor, block_rows: int, block_cols: int) -> Tensor:
+    return blockquant.blockquant_fp8_gemm(x, w_codes, w_scale, block_rows, block_cols)
+
+
+def _blockquant_fp4_gemm(x: Tensor, w_packed: Tensor, w_scale: Tensor, group: int) -> Tensor:
+    return blockquant.blockquant_fp4_gemm(x, w_packed, w_scale, group)
+
+
+# name -> plain reference (what device mode traces when no NKI kernel is written for a name)
+PLAIN = {
+    "rms_norm": _rms_norm,
+    "rope": _rope,
+    "hc_mixes": _hc_mixes,
+    "hc_pre": _hc_pre,
+    "hc_post": _hc_post,
+    "hc_head": _hc_head,
+    "sink_attention": _sink_attention,
+    "index_scores": _index_scores,
+    "compress_pool": _compress_pool,
+    "moe_experts": _moe_experts,
+    "expert_mlp": _expert_mlp,
+    "engram_gate": _engram_gate,
+    "swiglu": _swiglu,
+    "blockquant_fp8_gemm": _blockquant_fp8_gemm,
+    "blockquant_fp4_gemm": _blockquant_fp4_gemm,
+}
+
+_OPS: dict = {}
+
+
+def custom_op(name: str):
+    """The reference of `name` as a registered custom op (one graph node under torch.compile)."""
+    if name not in PLAIN:
+        raise ValueError(f"kernel: unknown name {name!r}; known: {', '.join(PLAIN)}")
+    if name not in _OPS:
+        _OPS[name] = _op(name, PLAIN[name], FAKES[name])
+    return _OPS[name]

@@ -1,0 +1,140 @@
+"""Decoder layers compiled as regions, one compiled entry per layer kind (design.md §5.2).
+
+The top level of the model stays eager. `RegionRunner` is the model's `run_layer` hook: it runs
+each decoder layer as one compiled region (attention half + MoE), or as two (attention half, MoE
+half) with `split=True` (DEEPINFER_NEURON_REGION_SPLIT). The layer's code reads no layer id and
+gets its caches and cross-layer inputs through `LayerIO` (models/deepseek_v4.py), so every layer of
+a kind runs the same graph: each kind gets its own function object (its own Dynamo cache), whose
+entries are one graph per static shape (bucket). The graph count is kinds x buckets, independent of
+the number of layers (neuron.md F1).
+
+Backends: host mode "aot_eager" (reproduces Dynamo guards, graph breaks and AOTAutograd alias
+checks) or "inductor"; device mode "neuron" (torch-neuronx, imported lazily). Every graph is also
+scanned for float8 ops unsafe on trn2 and for int64 constants outside the int32 range (A4, A5).
+"""
+from __future__ import annotations
+
+import logging
+import types
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer.neuron_ops.fp8_guard import graph_fp8_sites
+
+logger = logging.getLogger(__name__)
+
+# Dynamo's default of 8 graphs per code object would cap the buckets a kind can see.
+RECOMPILE_LIMIT = 64
+_INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+def layer_kind(layer) -> tuple:
+    """The static facts that select a layer's region graph (everything the traced code branches on)."""
+    a, ffn = layer.attn, layer.ffn
+    idx = getattr(a, "indexer", None)
+    engram = getattr(layer, "engram", None)
+    return (
+        type(layer).__name__, a.kind, a.ratio, a.comp_key, a.src_comp_key, a.is_index_source,
+        idx is not None and hasattr(idx, "wk"), idx is not None and hasattr(idx, "compressor"),
+        a.uses_shared_hidden, a.candidate_source, a.candidate_consumer,
+        layer.is_target, layer.is_shared_hidden_source,
+        ffn.hashed, ffn.n_experts, ffn.topk,
+        None if engram is None else tuple(engram.embed.weight.shape),
+    )
+
+
+def int64_constant_sites(gm: torch.fx.GraphModule) -> list[str]:
+    """Integer constants outside the int32 range in a graph: narrowed to int32 on device (A4) or
+    rejected (NCC_ESFH001, A5)."""
+    out = []
+    for node in gm.graph.nodes:
+        for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(a, int) and not isinstance(a, bool) and not _INT32[0] <= a <= _INT32[1]:
+                out.append(f"{node.target} ({a})")
+    return out
+
+
+def _whole(layer, x, prev_pre, ctx, io):
+    return layer(x, prev_pre, ctx, io)
+
+
+def _attn(layer, x, prev_pre, ctx, io):
+    return layer.attn_half(x, prev_pre, ctx, io)
+
+
+def _ffn(layer, x, pre, ctx):
+    return layer.ffn_half(x, pre, ctx)
+
+
+def _fresh(fn, tag: str):
+    """A copy of `fn` with its own code object: Dynamo keeps compiled entries per code object, so
+    each layer kind gets its own cache (and its own recompile budget)."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+@dataclass
+class RegionStats:
+    graphs: Counter = field(default_factory=Counter)      # kind index -> graphs compiled
+    kinds: list = field(default_factory=list)             # kind index -> layer_kind tuple
+    fp8_sites: list = field(default_factory=list)
+    int64_sites: list = field(default_factory=list)
+
+    @property
+    def total_graphs(self) -> int:
+        return sum(self.graphs.values())
+
+
+class RegionRunner:
+    """`run_layer` hook for DeepseekV4Model.forward: compiled regions per layer kind."""
+
+    def __init__(self, backend: str = "aot_eager", split: bool = False, fullgraph: bool = True):
+        if backend not in ("aot_eager", "inductor", "eager", "neuron"):
+            raise ValueError(f"backend: expected aot_eager, inductor, eager or neuron, got {backend!r}")
+        self.backend, self.split, self.fullgraph = backend, split, fullgraph
+        self.stats = RegionStats()
+        self._kind_of: dict[int, int] = {}    # id(layer) -> kind index
+        self._fns: dict[int, tuple] = {}      # kind index -> compiled callables
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+
+    def _backend_for(self, kind: int):
+        if self.backend == "neuron":
+            import torch_neuronx  # noqa: F401  (registers the "neuron" backend; device only)
+        from torch._dynamo.backends.registry import lookup_backend
+        inner = lookup_backend(self.backend)
+        stats = self.stats
+
+        def backend(gm, example_inputs):
+            stats.graphs[kind] += 1
+            stats.fp8_sites += graph_fp8_sites(gm)
+            stats.int64_sites += int64_constant_sites(gm)
+            logger.debug("region graph: kind %d (%s), %d nodes", kind, stats.kinds[kind], len(gm.graph.nodes))
+            return inner(gm, example_inputs)
+        return backend
+
+    def _compiled(self, layer) -> tuple:
+        k = self._kind_of.get(id(layer))
+        if k is None:
+            key = layer_kind(layer)
+            if key not in self.stats.kinds:
+                self.stats.kinds.append(key)
+            k = self._kind_of[id(layer)] = self.stats.kinds.index(key)
+        if k not in self._fns:
+            opts = dict(backend=self._backend_for(k), fullgraph=self.fullgraph, dynamic=False)
+            fns = (_whole, _attn, _ffn)
+            self._fns[k] = tuple(torch.compile(_fresh(f, f"kind{k}"), **opts) for f in fns)
+        return self._fns[k]
+
+    @property
+    def num_kinds(self) -> int:
+        return len(self.stats.kinds)
+
+    def __call__(self, layer, x, prev_pre, ctx, io):
+        whole, attn, ffn = self._compiled(layer)
+        if not self.split:
+            return whole(layer, x, prev_pre, ctx, io)
+        x, pre = attn(layer, x, prev_pre, ctx, io)
+        return ffn(layer, x, pre, ctx)

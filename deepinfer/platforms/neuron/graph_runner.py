@@ -1,0 +1,68 @@
+"""NeuronGraphRunner: static-shape steps run through compiled layer regions (design.md §4, §5.1-5.4).
+
+Per step: pick a bucket (buckets.py), pad the chunks with placeholder rows (scratch slot 0 / block
+0, GraphRunner.pad), build StepInputs on the host and give every data-dependent length a static
+size (pad_step), copy the metadata to the device once, then run the model with its decoder layers
+as compiled regions (neuron_ops/regions.py); the top level (embedding, head) stays eager. One graph
+per (token bucket, context bucket) and layer kind. A step that fits no bucket runs eagerly, unpadded.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs
+from deepinfer.platforms.neuron.buckets import BucketSpec, pad_step, step_to
+from deepinfer.worker.graph_runner import Bucket, GraphRunner
+
+logger = logging.getLogger(__name__)
+
+
+class NeuronGraphRunner(GraphRunner):
+    def __init__(self, model, layout, platform=None, buckets: BucketSpec | None = None, compile: bool = True):
+        super().__init__(model, layout)
+        if platform is None:
+            from deepinfer.platforms.neuron.platform import NeuronPlatform
+            platform = NeuronPlatform()
+        self.platform = platform
+        self.buckets = buckets or platform.bucket_spec(max_num_seqs=layout.num_slots - 1)
+        self.compile = compile
+        self.regions = platform.region_runner() if compile else None
+        self.eager_steps = 0
+        self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
+
+    @classmethod
+    def for_platform(cls, platform):
+        """The class bound to a platform (what NeuronPlatform.graph_runner_cls returns)."""
+        def make(model, layout, **kw):
+            return cls(model, layout, platform=platform, **kw)
+        make.__name__ = cls.__name__
+        return make
+
+    def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
+        return self.buckets.select(chunks)
+
+    def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
+        bucket = self.select_bucket(chunks)
+        step = build_step_inputs(self.pad(chunks, bucket), self.layout)
+        if bucket is not None:
+            step = pad_step(step, bucket, self.buckets.seqs_bound)
+        return step_to(step, self.platform.device), bucket
+
+    def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+        if bucket is None:
+            self.eager_steps += 1
+            if self.eager_steps == 1:
+                logger.warning("a step fits no Neuron bucket (%s); running it eagerly", self.buckets)
+            run_layer = None
+        else:
+            self.buckets_seen.add((bucket.num_tokens, bucket.context))
+            run_layer = self.regions
+        logits = self.model(step, cache, run_layer=run_layer)
+        return logits if logits.device.type == "cpu" else logits.cpu()
+
+    @property
+    def num_graphs(self) -> int:
+        return 0 if self.regions is None else self.regions.stats.total_graphs
+

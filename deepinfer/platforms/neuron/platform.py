@@ -1,0 +1,146 @@
+"""NeuronPlatform: AWS Trainium2 through torch-neuronx (device mode) or its CPU twin (host mode).
+
+Host mode (design.md §5.8) is DEEPINFER_ACCELERATOR=neuron with no /dev/neuron*, or with
+DEEPINFER_NEURON_HOST=1: device cpu, gloo, region graphs compiled with a CPU backend
+(DEEPINFER_NEURON_COMPILE_BACKEND, aot_eager by default), kernels as PyTorch references with the
+kernels' argument lists. Device mode: device `neuron`, torch.compile(backend="neuron") with the
+compiler flags of neuron.md §2.3, trn2's IEEE e4m3 fp8 (max 240). torch_neuronx is imported only
+inside device-mode methods, never at import time.
+
+Nothing in device mode has run on Trainium hardware in this project.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+from deepinfer import envs
+from deepinfer.platforms.interface import Platform
+
+# neuron.md A1 / §2.3: let neuronx-cc read torch's float8_e4m3fn bytes as trn2's IEEE e4m3.
+FP8_COMPILER_FLAG = "--internal-hlo2tensorizer-options=--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
+
+
+def has_neuron_device() -> bool:
+    return bool(glob.glob("/dev/neuron*"))
+
+
+def import_torch_neuronx():
+    """Import torch_neuronx (device mode only) with a clear error where it is missing."""
+    try:
+        import torch.utils._device  # noqa: F401  (missing without backend autoload, neuron.md G7)
+        import torch_neuronx
+    except ImportError as e:
+        raise RuntimeError("Neuron device mode needs torch-neuronx (pip install -r requirements-neuron.txt "
+                           f"on a Trainium host); set DEEPINFER_NEURON_HOST=1 for host mode: {e}") from None
+    return torch_neuronx
+
+
+class NeuronPlatform(Platform):
+    name = "neuron"
+    fp8_max = 240.0           # trn2 IEEE e4m3; activations quantize to 224 (neuron_ops/fp8.py)
+
+    def __init__(self, host: bool | None = None):
+        # Resolve every env var now: traced code must never read the environment (neuron.md F4).
+        if host is None:
+            host = bool(envs.get("DEEPINFER_NEURON_HOST")) or not has_neuron_device()
+        self.is_host_mode = host
+        self.dist_backend = "gloo" if host else "neuron"
+        self.compile_backend = envs.get("DEEPINFER_NEURON_COMPILE_BACKEND") if host else "neuron"
+        self.region_split = bool(envs.get("DEEPINFER_NEURON_REGION_SPLIT"))
+        self.ctx_buckets = envs.get("DEEPINFER_NEURON_CTX_BUCKETS")
+        self.prefill_bucket = envs.get("DEEPINFER_NEURON_PREFILL_BUCKET")
+        self.fp8_guard = bool(envs.get("DEEPINFER_NEURON_FP8_GUARD"))
+        self.engine_limits: dict = {}
+        self._rank = 0
+
+    # -- device -------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        if self.is_host_mode:
+            return torch.device("cpu")
+        import_torch_neuronx()
+        return torch.device("neuron", 0)   # each process sees one core as device 0 (set_device)
+
+    def num_devices(self) -> int:
+        if self.is_host_mode:
+            return 1
+        import_torch_neuronx()
+        count = getattr(getattr(torch, "neuron", None), "device_count", None)
+        return int(count()) if count is not None else len(glob.glob("/dev/neuron*"))
+
+    def set_device(self, rank: int) -> None:
+        """One process per NeuronCore: device 0 of a 1-device local world (neuron.md G1, G2).
+        Must run before torch_neuronx initializes the runtime."""
+        self._rank = int(rank)
+        if self.is_host_mode:
+            return
+        os.environ["LOCAL_RANK"] = "0"
+        os.environ["LOCAL_WORLD_SIZE"] = "1"
+        os.environ["NEURON_RT_VISIBLE_CORES"] = str(self._rank)
+        self.configure_compiler()
+
+    def synchronize(self) -> None:
+        if not self.is_host_mode:
+            sync = getattr(getattr(torch, "neuron", None), "synchronize", None)
+            if sync is not None:
+                sync()
+
+    def supports_fp8_dtype(self) -> bool:
+        return True   # as IEEE e4m3 on device (FP8_COMPILER_FLAG); plain torch fp8 on host
+
+    # -- compile --------------------------------------------------------------------------------
+    def compiler_flags(self) -> list[str]:
+        return [FP8_COMPILER_FLAG]
+
+    def configure_compiler(self) -> None:
+        """Append our flags to NEURON_CC_FLAGS (device mode; keeps what the user set)."""
+        flags = os.environ.get("NEURON_CC_FLAGS", "").split()
+        for f in self.compiler_flags():
+            if f not in flags:
+                flags.append(f)
+        os.environ["NEURON_CC_FLAGS"] = " ".join(flags)
+
+    def region_runner(self):
+        from deepinfer.neuron_ops.regions import RegionRunner
+        if not self.is_host_mode:
+            self.configure_compiler()
+        return RegionRunner(backend=self.compile_backend, split=self.region_split)
+
+    @property
+    def graph_runner_cls(self):
+        from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
+        return NeuronGraphRunner.for_platform(self)
+
+    def bucket_spec(self, max_num_seqs: int):
+        from deepinfer.platforms.neuron.buckets import BucketSpec, batch_buckets
+        lim = self.engine_limits
+        prefill = self.prefill_bucket
+        if prefill is None and lim.get("max_num_batched_tokens") is not None:
+            prefill = int(lim["max_num_batched_tokens"])
+        return BucketSpec(batch=batch_buckets(int(lim.get("max_num_seqs", max_num_seqs))),
+                          contexts=tuple(self.ctx_buckets) if self.ctx_buckets else None,
+                          prefill_tokens=prefill, max_model_len=lim.get("max_model_len"))
+
+    # -- config and kernels -----------------------------------------------------------------------
+    def validate_config(self, engine_config, model_config) -> None:
+        """Reject what the Neuron path cannot run and record the limits the buckets derive from."""
+        lim = {"max_num_seqs": int(engine_config.max_num_seqs),
+               "max_num_batched_tokens": int(engine_config.max_num_batched_tokens),
+               "max_model_len": engine_config.max_model_len}
+        if self.prefill_bucket is not None and self.prefill_bucket > lim["max_num_batched_tokens"]:
+            raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: must be <= max_num_batched_tokens "
+                             f"({lim['max_num_batched_tokens']}), got {self.prefill_bucket}")
+        if self.ctx_buckets and lim["max_model_len"] is not None and max(self.ctx_buckets) < lim["max_model_len"]:
+            raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.ctx_buckets)}) must be "
+                             f">= max_model_len ({lim['max_model_len']})")
+        self.engine_limits = lim
+
+    def kernel(self, name: str):
+        from deepinfer.neuron_ops import kernels
+        return kernels.kernel(name, on_device=not self.is_host_mode)
+
+    def __repr__(self) -> str:
+        return f"<NeuronPlatform {'host' if self.is_host_mode else 'device'} mode>"
