@@ -20,7 +20,9 @@ logger = logging.getLogger(__name__)
 
 
 class NeuronGraphRunner(GraphRunner):
-    def __init__(self, model, layout, platform=None, buckets: BucketSpec | None = None, compile: bool = True):
+    def __init__(self, model, layout, platform=None, buckets: BucketSpec | None = None, compile: bool = True,
+                 regions=None):
+        """regions: a RegionRunner to share (its compiled graphs serve every model with the same layer kinds)."""
         super().__init__(model, layout)
         if platform is None:
             from deepinfer.platforms.neuron.platform import NeuronPlatform
@@ -28,8 +30,13 @@ class NeuronGraphRunner(GraphRunner):
         self.platform = platform
         self.buckets = buckets or platform.bucket_spec(max_num_seqs=layout.num_slots - 1)
         self.compile = compile
-        self.regions = platform.region_runner() if compile else None
+        self.regions = (regions or platform.region_runner()) if compile else None
         self.eager_steps = 0
+        # DEEPINFER_NEURON_FP8_GUARD: eager code runs under Fp8Guard; region graphs are scanned at compile
+        self.fp8_guard = None
+        if platform.fp8_guard:
+            from deepinfer.neuron_ops.fp8_guard import Fp8Guard
+            self.fp8_guard = Fp8Guard()
         self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
 
     @classmethod
@@ -59,10 +66,33 @@ class NeuronGraphRunner(GraphRunner):
         else:
             self.buckets_seen.add((bucket.num_tokens, bucket.context))
             run_layer = self.regions
-        logits = self.model(step, cache, run_layer=run_layer)
+        if self.fp8_guard is None:
+            logits = self.model(step, cache, run_layer=run_layer)
+        else:
+            with self.fp8_guard:
+                logits = self.model(step, cache, run_layer=_outside_mode(run_layer))
         return logits if logits.device.type == "cpu" else logits.cpu()
+
+    def fp8_sites(self) -> list[str]:
+        """Unsafe float8 ops seen so far: eager call sites (guard on) and compiled region graphs."""
+        eager = self.fp8_guard.report.lines() if self.fp8_guard is not None else []
+        return eager + (self.regions.stats.fp8_sites if self.regions is not None else [])
 
     @property
     def num_graphs(self) -> int:
+        """Region graphs compiled by this runner so far."""
         return 0 if self.regions is None else self.regions.stats.total_graphs
 
+
+
+def _outside_mode(run_layer):
+    """Call compiled regions with the guard's TorchFunctionMode popped (Dynamo would trace the mode;
+    region graphs are checked by graph_fp8_sites instead)."""
+    if run_layer is None:
+        return None
+
+    def call(*args):
+        from torch.overrides import _pop_mode_temporarily
+        with _pop_mode_temporarily():
+            return run_layer(*args)
+    return call
