@@ -196,3 +196,13 @@ def test_kv_cache_report_matches_deepseek_record_sizes():
     assert r["detail"]["state"] == 3 * 2 * 4096
     plain = kv_cache_report(cfg, "plain")
     assert plain["bytes_per_token"] == 3 * (512 * 2 + 128 * 2) / 2 + (512 * 2 + 128 * 2)
+
+
+def test_grouped_and_looped_expert_paths_agree():
+    t, dim, e, inter, k = 9, 6, 5, 3, 2
+    x, gw = rnd(t, dim), rnd(e, dim)
+    idx, w = moe.route(x, gw, None, k, 1.0)
+    w13, w2 = rnd(e, 2 * inter, dim), rnd(e, dim, inter)
+    a = moe._grouped_experts(x, idx, w, w13, w2, 10.0)
+    b = moe._looped_experts(x, idx, w, w13, w2, 10.0)
+    assert torch.allclose(a, b, atol=1e-5)

@@ -87,21 +87,36 @@ class Fp8Guard(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-_FX_UNSAFE = {"cat", "stack", "gather", "scatter", "scatter_add", "where", "index", "index_put",
-              "index_select", "take", "index_copy", "index_add", "masked_select", "embedding"}
+_FX_UNSAFE = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "gather", "scatter", "scatter_add",
+              "where", "index", "index_put", "index_select", "take", "index_copy", "index_add", "masked_select",
+              "embedding"}
+
+
+def _meta(v):
+    if isinstance(v, torch.fx.Node):
+        return v.meta.get("val", v.meta.get("example_value"))
+    return None
 
 
 def graph_fp8_sites(gm: torch.fx.GraphModule) -> list[str]:
-    """Unsafe float8 ops in a traced graph, as 'op (stack trace line)' strings."""
+    """Unsafe float8 ops in a traced graph (Dynamo torch-level or aten-level), as 'op (source line)'."""
+    import operator
     out = []
     for node in gm.graph.nodes:
-        if node.op != "call_function":
+        if node.op not in ("call_function", "call_method"):
             continue
-        name = getattr(node.target, "__name__", str(node.target)).split(".")[0].rstrip("_")
-        if name not in _FX_UNSAFE:
-            continue
-        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in tree_leaves((node.args, node.kwargs))]
-        vals.append(node.meta.get("val"))
+        if node.target in (operator.getitem, operator.setitem):
+            # advanced indexing: a tensor among the indices
+            index = node.args[1] if len(node.args) > 1 else None
+            if not any(isinstance(_meta(i), torch.Tensor) for i in tree_leaves(index)):
+                continue
+            name = "advanced-index"
+        else:
+            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+            name = name.split(".")[0].rstrip("_")
+            if name not in _FX_UNSAFE:
+                continue
+        vals = [_meta(a) for a in tree_leaves((node.args, node.kwargs))] + [_meta(node)]
         if any(is_fp8(v) for v in tree_leaves(vals)):
             trace = (node.meta.get("stack_trace") or "").strip().splitlines()
             out.append(f"{name} ({trace[-2].strip() if len(trace) >= 2 else node.name})")

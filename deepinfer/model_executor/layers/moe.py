@@ -27,9 +27,44 @@ def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Te
     return swiglu(x @ w1.t(), x @ w3.t(), limit) @ w2.t()
 
 
+# Up to this many experts, one padded batched GEMM over all experts beats a Python loop over them.
+_GROUPED_MAX_EXPERTS = 64
+
+
 def routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                    w2: torch.Tensor, limit: float) -> torch.Tensor:
-    """x: [T, D]; w13: [E, 2I, D] (gate rows first); w2: [E, D, I]. Loops over the experts that got tokens."""
+    """x: [T, D]; w13: [E, 2I, D] (gate rows first); w2: [E, D, I]; idx/weights: [T, k]."""
+    if w13.shape[0] <= _GROUPED_MAX_EXPERTS:
+        return _grouped_experts(x, idx, weights, w13, w2, limit)
+    return _looped_experts(x, idx, weights, w13, w2, limit)
+
+
+def _grouped_experts(x, idx, weights, w13, w2, limit):
+    """Pack each expert's tokens into a [E, C, D] batch (C = the largest expert load), run two bmms."""
+    t, dim = x.shape
+    n_exp, k = w13.shape[0], idx.shape[1]
+    flat_e = idx.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=n_exp)
+    cap = int(counts.max()) if flat_e.numel() else 0
+    if cap == 0:
+        return torch.zeros_like(x)
+    starts = torch.cumsum(counts, 0) - counts
+    sorted_e = flat_e[order]
+    slot = torch.arange(order.numel(), device=x.device) - starts[sorted_e]
+    packed = x.new_zeros(n_exp, cap, dim)
+    tok = order // k
+    packed[sorted_e, slot] = x[tok]
+    inter = w2.shape[2]
+    gu = torch.bmm(packed, w13.transpose(1, 2))
+    y = torch.bmm(swiglu(gu[..., :inter], gu[..., inter:], limit), w2.transpose(1, 2))
+    contrib = y[sorted_e, slot].float() * weights.reshape(-1)[order, None].float()
+    out = torch.zeros(t, dim, dtype=torch.float32, device=x.device)
+    out.index_add_(0, tok, contrib)
+    return out.to(x.dtype)
+
+
+def _looped_experts(x, idx, weights, w13, w2, limit):
     t, dim = x.shape
     out = torch.zeros(t, dim, dtype=torch.float32, device=x.device)
     flat_e = idx.reshape(-1)

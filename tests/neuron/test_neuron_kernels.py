@@ -1,0 +1,146 @@
+"""Neuron kernel table: every host kernel (custom op) equals its reference and its fake shape
+function matches (opcheck); fixed-shape MoE == the CPU MoE; blockquant GEMMs; trn2 fp8; NKI stubs."""
+import pytest
+import torch
+
+from deepinfer.model_executor.layers import moe, quant
+from deepinfer.neuron_ops import fp8, kernels, nki
+from deepinfer.neuron_ops.static_moe import static_moe_experts
+
+g = torch.Generator().manual_seed(0)
+
+
+def rnd(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _valid(t, k):
+    v = torch.rand(t, k, generator=g) > 0.3
+    v[:, 0] = True
+    return v
+
+
+def kernel_args():
+    t, n, d, h, e = 5, 4, 32, 3, 7
+    idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(t)])
+    w8, s8 = quant.quantize_fp8_block(rnd(24, 64), (8, 16))
+    w4, s4 = quant.quantize_fp4(rnd(24, 64), 32)
+    return {
+        "rms_norm": ((rnd(t, d), rnd(d), 1e-6), {}),
+        "rope": ((rnd(t, h, d), rnd(t, 1, 8), rnd(t, 1, 8)), {"inverse": True}),
+        "hc_mixes": ((rnd(t, n, d), rnd(24, n * d) * 0.1, rnd(24), rnd(3), 1e-6, 1e-6, 5), {}),
+        "hc_pre": ((rnd(t, n, d), torch.rand(t, n, generator=g)), {}),
+        "hc_post": ((rnd(t, n, d), rnd(t, d), torch.rand(t, n, generator=g), torch.rand(t, n, n, generator=g)), {}),
+        "hc_head": ((rnd(t, n, d), rnd(n, n * d) * 0.1, rnd(n), rnd(1), 1e-6, 1e-6), {}),
+        "sink_attention": ((rnd(t, h, d), rnd(t, e, d), _valid(t, e), rnd(h), d ** -0.5), {}),
+        "index_scores": ((rnd(t, h, d), rnd(t, e, d), rnd(t, h), _valid(t, e)), {"key_scale": 0.25}),
+        "compress_pool": ((rnd(e, 4, d), rnd(e, 4, d), _valid(e, 4)), {}),
+        "moe_experts": ((rnd(t, d), idx, torch.rand(t, 2, generator=g), rnd(6, 16, d) * 0.2, rnd(6, d, 8) * 0.2, 10.0), {}),
+        "expert_mlp": ((rnd(t, d), rnd(8, d), rnd(8, d), rnd(d, 8), 10.0), {}),
+        "engram_gate": ((rnd(t, n, d), rnd(t, (n + 1) * d), rnd(n, d), rnd(n, d), 1e-6), {}),
+        "swiglu": ((rnd(t, 8) * 6, rnd(t, 8) * 6, 7.0), {}),
+        "blockquant_fp8_gemm": ((rnd(t, 64), w8.view(torch.uint8), s8.view(torch.uint8), 8, 16), {}),
+        "blockquant_fp4_gemm": ((rnd(t, 64), w4.view(torch.uint8), s4.view(torch.uint8), 32), {}),
+    }
+
+
+ARGS = kernel_args()
+
+
+def test_every_kernel_has_a_case():
+    assert set(ARGS) == set(kernels.KERNEL_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_host_kernel_equals_reference_and_fake(name):
+    args, kw = ARGS[name]
+    op = kernels.kernel(name)
+    got, want = op(*args, **kw), kernels.reference(name)(*args, **kw)
+    for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    torch.library.opcheck(op, args, kw, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_model_kernels_keep_the_cpu_references():
+    from deepinfer.model_executor.layers.kernels import reference
+    for name in ("rms_norm", "sink_attention", "hc_mixes", "index_scores", "expert_mlp"):
+        args, kw = ARGS[name]
+        a, b = kernels.reference(name)(*args, **kw), reference(name)(*args, **kw)
+        for x, y in zip(*(v if isinstance(v, tuple) else (v,) for v in (a, b))):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_static_moe_equals_routed_experts(dtype, tol):
+    t, d, e, inter, k = 9, 32, 6, 8, 2
+    x = rnd(t, d, dtype=dtype)
+    idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    idx[3] = torch.tensor([5, 0])  # unsorted ids
+    w = torch.rand(t, k, generator=g)
+    w13, w2 = (rnd(e, 2 * inter, d) * 0.3).to(dtype), (rnd(e, d, inter) * 0.3).to(dtype)
+    got = static_moe_experts(x, idx, w, w13, w2, 4.0)
+    want = moe.routed_experts(x, idx, w, w13, w2, 4.0)
+    assert got.dtype == dtype
+    assert (got.float() - want.float()).abs().max().item() <= tol * want.float().abs().max().item()
+    # a row's output depends on its own experts only: zeroing another row's weights changes nothing
+    w2_ = w.clone()
+    w2_[0] = 0
+    assert torch.allclose(static_moe_experts(x, idx, w2_, w13, w2, 4.0)[1:], got[1:])
+
+
+def test_static_moe_compiles_fullgraph_without_syncs():
+    f = torch.compile(static_moe_experts, backend="aot_eager", fullgraph=True, dynamic=False)
+    args, _ = ARGS["moe_experts"]
+    assert torch.allclose(f(*args), static_moe_experts(*args))
+
+
+def test_blockquant_references_match_dequantized_matmul():
+    x = rnd(3, 64)
+    w = rnd(24, 64)
+    q, s = quant.quantize_fp8_block(w, (8, 16))
+    got = kernels.reference("blockquant_fp8_gemm")(x, q.view(torch.uint8), s.view(torch.uint8), 8, 16)
+    assert torch.allclose(got, x @ quant.dequant_fp8_block(q, s, (8, 16)).t(), atol=1e-5)
+    q4, s4 = quant.quantize_fp4(w, 32)
+    got4 = kernels.reference("blockquant_fp4_gemm")(x, q4.view(torch.uint8), s4.view(torch.uint8), 32)
+    assert torch.allclose(got4, x @ quant.dequant_fp4(q4, s4, 32).t(), atol=1e-5)
+    with pytest.raises(ValueError, match="w_codes dtype"):
+        kernels.reference("blockquant_fp8_gemm")(x, q, s, 8, 16)
+
+
+def test_trn2_weight_rescale_keeps_values():
+    w = rnd(64, 64) * 3
+    q, s = quant.quantize_fp8_block(w, (32, 32))
+    q2, s2 = fp8.rescale_weight_for_trn2(q, s)
+    assert q2.dtype == torch.uint8 and fp8.trn2_representable(q2)
+    before = quant.dequant_fp8_block(q, s, (32, 32))
+    after = quant.dequant_fp8_block(q2.view(torch.float8_e4m3fn), s2.view(torch.float8_e8m0fnu), (32, 32))
+    bad = torch.isin(q.view(torch.uint8), fp8.inexact_codes())
+    assert torch.equal(before[~bad], after[~bad])
+    # only the two lowest binades (|v| < 2^-5) are inexact, and only by rounding
+    lost = q.view(torch.float8_e4m3fn).float()[bad].abs()
+    assert (lost < 2 ** -5).all()
+    codes = fp8.inexact_codes().view(torch.float8_e4m3fn).float().abs()
+    assert len(codes) > 0 and (codes < 2 ** -5).all()
+    with pytest.raises(ValueError, match="254"):
+        fp8.rescale_weight_for_trn2(q, torch.full_like(s.view(torch.uint8), 254))
+
+
+def test_activation_quantization_stays_below_224():
+    x = rnd(4, 256) * 50
+    codes, scale = fp8.quantize_activation(x, block=128)
+    v = codes.view(torch.float8_e4m3fn).float()
+    assert v.abs().max().item() <= fp8.ACT_FP8_MAX and fp8.trn2_representable(codes)
+    back = fp8.dequantize_activation(codes, scale, block=128)
+    assert ((back - x).abs() <= x.abs() * 2 ** -3 + 1e-3).all()
+    with pytest.raises(ValueError, match="240"):
+        fp8.quantize_activation(x, fp8_max=448.0)
+
+
+def test_nki_stubs_raise_a_clear_error():
+    import glob
+    if glob.glob("/dev/neuron*"):
+        pytest.skip("a Neuron device is present")
+    assert not nki.IMPLEMENTED
+    for name in nki.MODULES:
+        with pytest.raises(nki.NeuronDeviceRequired, match="needs a Neuron device"):
+            nki.load(name)
