@@ -1,0 +1,226 @@
+"""TTFT/TPOT matrix of deepinfer, offline (LLMEngine in-process) or against a running server.
+
+    python examples/neuron/bench_neuron.py --model PATH --input-lens 128,512 --output-lens 32,128 \\
+        --concurrency 1,4,16 [--num-prompts N] [--base-url http://127.0.0.1:8000] \\
+        [--accelerator cpu|neuron] [--cp N] [--ep N] [--nextn N] [--baseline transformers] \\
+        --out results.json [--plot results.png]
+
+Every (input, output, concurrency) cell sends random token-id prompts of exactly the input length
+(distinct across the run) with ignore_eos and min_tokens = max_tokens = output length, as a closed
+loop of `concurrency` requests in flight. Each cell is first warmed up with --num-warmups requests
+of its own shape (default: one round of `concurrency`), which on Neuron compiles the buckets the
+cell uses; the warm-up is not measured. Metrics use vLLM's definitions (bench_lib/metrics.py);
+each cell prints vLLM's result block, the run ends with a summary matrix, and --out gets one JSON
+record per cell. Offline mode builds the engine once, with max_num_seqs = the largest
+concurrency. Server mode drives streaming /v1/completions; the server's lifecycle (and its
+platform, buckets and max_model_len) is the caller's. --baseline transformers repeats the matrix
+through transformers' generate (V4, dense weights) and reports deepinfer/transformers ratios.
+
+Exit status: 0 when every request (warm-ups included) succeeded, 1 when any failed (they are
+listed in the JSON), 2 for bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)  # bench_lib
+sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # deepinfer, from a checkout
+
+from bench_lib import report  # noqa: E402
+from bench_lib.metrics import cell_metrics, speedup  # noqa: E402
+from bench_lib.prompts import PromptFactory  # noqa: E402
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="checkpoint directory (server mode: for its vocabulary size)")
+    ap.add_argument("--input-lens", type=_int_list, default=[128])
+    ap.add_argument("--output-lens", type=_int_list, default=[32])
+    ap.add_argument("--concurrency", type=_int_list, default=[1])
+    ap.add_argument("--num-prompts", type=int, default=None,
+                    help="measured requests per cell (default: max(16, 4 x concurrency))")
+    ap.add_argument("--num-warmups", type=int, default=None,
+                    help="warm-up requests per cell, not measured (default: the cell's concurrency)")
+    ap.add_argument("--base-url", default=None, help="server mode: e.g. http://127.0.0.1:8000")
+    ap.add_argument("--served-model-name", default=None, help="server mode (default: the first of /v1/models)")
+    ap.add_argument("--api-key", default=None, help="server mode: sent as 'Authorization: Bearer KEY'")
+    ap.add_argument("--request-timeout", type=float, default=3600.0,
+                    help="server mode: seconds per request (Neuron compiles on first use)")
+    ap.add_argument("--accelerator", choices=("cpu", "cuda", "neuron"), default=None,
+                    help="offline: sets DEEPINFER_ACCELERATOR (neuron without a device = host mode); "
+                         "server mode: only recorded (the server picked its platform)")
+    ap.add_argument("--cp", type=int, default=1, help="context parallel size (only 1 is supported)")
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (only 1 is supported)")
+    ap.add_argument("--nextn", type=int, default=0, help="speculative draft tokens (only 0 is supported)")
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    ap.add_argument("--max-model-len", type=int, default=None, help="offline (default: max input + max output)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="offline; on Neuron also the prefill bucket (default: next power of two >= "
+                         "max input + max concurrency)")
+    ap.add_argument("--enforce-eager", action="store_true", help="offline: no graph runner")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", choices=("transformers",), default=None)
+    ap.add_argument("--out", required=True, help="JSON results")
+    ap.add_argument("--plot", default=None, help="PNG of TTFT and TPOT against concurrency")
+    args = ap.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        ap.error(str(e))
+    return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    # The engine has no context/expert parallelism or speculative decoding yet: refuse rather than
+    # label cp=1 numbers as something else.
+    if args.cp != 1:
+        raise ValueError(f"--cp: context parallelism is not supported by the engine yet; only 1, got {args.cp}")
+    if args.ep != 1:
+        raise ValueError(f"--ep: expert parallelism is not supported by the engine yet; only 1, got {args.ep}")
+    if args.nextn != 0:
+        raise ValueError(f"--nextn: speculative decoding is not supported by the engine yet; only 0, got {args.nextn}")
+    if args.num_prompts is not None and args.num_prompts < max(args.concurrency):
+        raise ValueError(f"--num-prompts: must be >= the largest concurrency ({max(args.concurrency)}) so every "
+                         f"cell reaches its concurrency, got {args.num_prompts}")
+    if args.num_warmups is not None and args.num_warmups < 0:
+        raise ValueError(f"--num-warmups: must be >= 0, got {args.num_warmups}")
+    if args.request_timeout <= 0:
+        raise ValueError(f"--request-timeout: must be > 0, got {args.request_timeout}")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise ValueError(f"--model: {args.model} has no config.json")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def build_driver(args: argparse.Namespace):
+    """(driver, backend name, platform info) for deepinfer in the chosen mode."""
+    if args.base_url:
+        from bench_lib.server import ServerDriver
+        driver = ServerDriver(args.base_url, args.served_model_name, args.api_key, args.request_timeout,
+                              args.temperature, args.seed)
+        platform = {"name": args.accelerator, "reported_by": "--accelerator flag (the server does not report it)",
+                    "server": driver.info()}
+        return driver, "deepinfer-server", platform
+    from bench_lib.offline import EngineArgs, OfflineDriver
+    max_conc = max(args.concurrency)
+    driver = OfflineDriver(EngineArgs(
+        model=args.model, accelerator=args.accelerator, dtype=args.dtype,
+        max_model_len=args.max_model_len or max(args.input_lens) + max(args.output_lens),
+        max_num_seqs=max_conc,
+        max_num_batched_tokens=args.max_num_batched_tokens or max(max_conc, _next_pow2(max(args.input_lens) + max_conc)),
+        enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature))
+    return driver, "deepinfer-offline", driver.platform_info()
+
+
+def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict, platform: dict,
+               versions: dict) -> list[dict]:
+    records = []
+    for n_in in args.input_lens:
+        for n_out in args.output_lens:
+            for conc in args.concurrency:
+                n = args.num_prompts or max(16, 4 * conc)
+                n_warm = conc if args.num_warmups is None else args.num_warmups
+                offline = hasattr(driver, "step_buckets")
+                graphs0 = driver.num_graphs if offline else None
+                warm = []
+                if n_warm:
+                    warm, _ = driver.run(prompts.make(n_warm, n_in, (n_out, conc, 0)), n_out, conc)
+                    for r in warm:
+                        r.check()
+                if offline:
+                    driver.step_buckets.clear()
+                    graphs1 = driver.num_graphs
+                results, duration = driver.run(prompts.make(n, n_in, (n_out, conc, 1)), n_out, conc)
+                rec = {"backend": backend, "input_len": n_in, "output_len": n_out, "concurrency": conc,
+                       "num_prompts": n, "num_warmups": n_warm,
+                       "warmup_failed": sum(not r.ok for r in warm),
+                       "warmup_errors": [r.error for r in warm if not r.ok]}
+                rec.update(cell_metrics(results, duration, conc))
+                if offline:
+                    graphs2 = driver.num_graphs
+                    rec["buckets"] = {
+                        "steps_per_bucket": dict(sorted(driver.step_buckets.items())),
+                        "graphs_compiled_in_warmup": None if graphs0 is None else graphs1 - graphs0,
+                        "graphs_compiled_while_measuring": None if graphs1 is None else graphs2 - graphs1}
+                else:
+                    rec["buckets"] = None  # the server does not expose its buckets
+                rec.update(config=config, platform=platform, versions=versions)
+                records.append(rec)
+                if backend != "transformers":
+                    report.say(report.result_block(rec))
+                else:
+                    report.say(f"transformers in={n_in} out={n_out} c={conc}: TTFT {report.fmt(rec['mean_ttft_ms'])} ms, "
+                               f"TPOT {report.fmt(rec['mean_tpot_ms'])} ms, failed {rec['failed']}")
+    return records
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with open(os.path.join(args.model, "config.json")) as f:
+        model_cfg = json.load(f)
+    config = {k: v for k, v in vars(args).items() if k not in ("api_key",)}
+    config["mode"] = "server" if args.base_url else "offline"
+    config["model_type"] = model_cfg.get("model_type")
+    versions = report.versions()
+    prompts = PromptFactory(int(model_cfg.get("vocab_size", 32000)), seed=args.seed)
+
+    driver, backend, platform = build_driver(args)
+    if not args.base_url:
+        config["engine"] = dataclasses.asdict(driver.args)
+    records = run_matrix(driver, backend, args, prompts, config, platform, versions)
+    del driver
+
+    base_records = []
+    if args.baseline == "transformers":
+        import gc
+        gc.collect()
+        from bench_lib.hf_baseline import TransformersDriver
+        try:
+            tf = TransformersDriver(args.model, args.dtype)
+        except (ValueError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            report.write_json(args.out, {"records": records, "baseline_error": str(e)})
+            return 2
+        base_records = run_matrix(tf, "transformers", args, prompts, config, tf.info(), versions)
+        for ours, base in zip(records, base_records):
+            ours["speedup_vs_transformers"] = s = speedup(ours, base)
+            report.say(f"in={ours['input_len']} out={ours['output_len']} c={ours['concurrency']} deepinfer vs "
+                       f"transformers (x, >1: deepinfer better): output tok/s {report.fmt(s['output_throughput'])}, "
+                       f"TTFT {report.fmt(s['mean_ttft'])}, TPOT {report.fmt(s['mean_tpot'])}, "
+                       f"E2EL {report.fmt(s['mean_e2el'])}")
+
+    all_records = records + base_records
+    report.say(report.summary_matrix(all_records))
+    failed = sum(r["failed"] + r["warmup_failed"] for r in all_records)
+    report.write_json(args.out, {"records": all_records, "failed_requests": failed})
+    report.say(f"wrote {args.out}")
+    if args.plot:
+        report.plot(args.plot, all_records)
+        report.say(f"wrote {args.plot}")
+    if failed:
+        errors = [e for r in all_records for e in r["warmup_errors"] + r["errors"]]
+        print(f"error: {failed} request(s) failed (warm-ups included); first: {errors[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

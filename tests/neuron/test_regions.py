@@ -1,0 +1,110 @@
+"""Compiled layer regions (host mode, aot_eager): compiled == eager, one graph per (bucket, layer
+kind) whatever the number of layers, split regions and prompt-as-decode, and the CPU platform's
+greedy tokens on both tiny checkpoints.
+
+Graphs are shared through one RegionRunner per model type (module scope): a runner's graphs serve
+every model with the same layer kinds and bucket shapes, which is itself what these tests check."""
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from deepinfer.config import ModelConfig
+from deepinfer.neuron_ops.regions import RegionRunner, layer_kind
+from deepinfer.platforms.cpu import CpuPlatform
+from deepinfer.platforms.neuron.buckets import BucketSpec
+from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
+from deepinfer.platforms.neuron.platform import NeuronPlatform
+from deepinfer.worker.graph_runner import EagerRunner
+from deepinfer.worker.worker import build_model
+from neuron_helpers import Seqs, tiny_config, tiny_model
+
+PROMPTS = [[0, 17, 400, 9, 3000, 5, 6, 7, 8, 12, 13], [0, 55, 66, 77, 88]]
+# V4: prompt steps padded to 16 tokens, decode steps to 2 rows: buckets (16, 64) and (2, 64).
+# V4.1: the decode bucket only (prompt steps run eagerly) to keep the suite fast; V4.1's compiled
+# prompt-as-decode path runs in examples/neuron/run_deepinfer_tiny.py.
+SPEC = {"v4": BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=16),
+        "v41": BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None)}
+BUCKETS = {"v4": {(16, 64), (2, 64)}, "v41": {(2, 64)}}
+HOST = NeuronPlatform(host=True)
+
+
+@pytest.fixture(scope="module")
+def regions():
+    torch._dynamo.reset()
+    return {"v4": RegionRunner("aot_eager"), "v41": RegionRunner("aot_eager")}
+
+
+def _kinds(model) -> int:
+    return len({layer_kind(layer) for layer in model.layers})
+
+
+def _logits(kind, model, runner_kw, steps=5):
+    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC[kind], **runner_kw)
+    out, sizes = [], {0: len(PROMPTS[0]), 1: len(PROMPTS[1])}
+    for _ in range(steps):
+        logits = s.step(sizes)
+        out.append(logits)
+        for row, i in enumerate(sizes):
+            s.tokens[i].append(int(logits[row].argmax()))
+        sizes = {0: 1, 1: 1}
+    return torch.cat(out), s.runner
+
+
+@pytest.mark.parametrize("kind,layers", [("v4", 6), ("v41", 8)])
+def test_compiled_regions_equal_eager(regions, kind, layers):
+    model = tiny_model(tiny_config(kind, layers), HOST)
+    before = counters["stats"]["unique_graphs"]
+    compiled, runner = _logits(kind, model, dict(regions=regions[kind]))
+    eager, _ = _logits(kind, model, dict(compile=False))
+    assert (compiled - eager).abs().max().item() < 1e-4
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+    kinds = _kinds(model)
+    assert regions[kind].num_kinds == kinds <= layers   # V4, 6 layers: 5 kinds; V4.1, 8 layers: 8
+    # one graph per (bucket, layer kind), counted by Dynamo itself
+    assert runner.buckets_seen == BUCKETS[kind]
+    n = len(BUCKETS[kind]) * kinds
+    assert regions[kind].stats.total_graphs == n == counters["stats"]["unique_graphs"] - before
+    assert not regions[kind].stats.fp8_sites
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_graph_count_does_not_grow_with_layers(regions, kind):
+    """12-layer models have the 6-layer V4 / 8-layer V4.1 models' layer kinds (extra V4 layers alternate
+    CSA/HCA, extra V4.1 layers share layer 7 as layer 6 shares layer 5): they run on the graphs already
+    built, so no guard depends on a layer index or on the model object."""
+    model = tiny_model(tiny_config(kind, 12), HOST, seed=1)
+    assert _kinds(model) == regions[kind].num_kinds > 0
+    before, graphs = counters["stats"]["unique_graphs"], regions[kind].stats.total_graphs
+    compiled, _ = _logits(kind, model, dict(regions=regions[kind]), steps=3)
+    eager, _ = _logits(kind, model, dict(compile=False), steps=3)
+    assert (compiled - eager).abs().max().item() < 1e-4
+    assert counters["stats"]["unique_graphs"] == before
+    assert regions[kind].stats.total_graphs == graphs == len(BUCKETS[kind]) * regions[kind].num_kinds
+
+
+def test_split_regions_run_a_prompt_as_a_decode_shaped_step():
+    """DEEPINFER_NEURON_REGION_SPLIT: attention half and MoE as two graphs per kind; a prompt chunk
+    padded to the prefill bucket runs through the same regions as decode-layout rows."""
+    model = tiny_model(tiny_config("v4", 2), HOST)
+    split = RegionRunner("aot_eager", split=True)
+    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=split)
+    ref = Seqs(model, EagerRunner, PROMPTS)
+    sizes = {0: len(PROMPTS[0]), 1: len(PROMPTS[1])}
+    got, want = s.step(sizes), ref.step(sizes)
+    assert (got - want).abs().max().item() < 1e-4
+    assert split.stats.total_graphs == 2 * _kinds(model) and s.runner.buckets_seen == {(16, 64)}
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_host_mode_gives_cpu_tokens_on_tiny_checkpoint(request, regions, kind):
+    ckpt = request.getfixturevalue("tiny_v4_dir" if kind == "v4" else "tiny_v41_dir")
+    cfg = ModelConfig.from_pretrained(ckpt)
+    cpu = build_model(cfg, str(ckpt), torch.float32, progress=False, platform=CpuPlatform())
+    host = tiny_model(cfg, HOST, like=cpu)
+    golden = Seqs(cpu, EagerRunner, PROMPTS).greedy(6)
+    graphs = regions[kind].stats.total_graphs
+    s = Seqs(host, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC[kind], regions=regions[kind])
+    assert s.greedy(6) == golden
+    assert s.runner.buckets_seen == BUCKETS[kind]
+    # the checkpoint model has the random models' layer kinds and shapes: no new graphs
+    assert regions[kind].stats.total_graphs == graphs > 0
