@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import types
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -52,7 +53,8 @@ def int64_constant_sites(gm: torch.fx.GraphModule) -> list[str]:
     for node in gm.graph.nodes:
         for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
             if isinstance(a, int) and not isinstance(a, bool) and not _INT32[0] <= a <= _INT32[1]:
-                out.append(f"{node.target} ({a})")
+                name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
+                out.append(f"{name}({a})")
     return out
 
 
@@ -95,7 +97,7 @@ class RegionRunner:
             raise ValueError(f"backend: expected aot_eager, inductor, eager or neuron, got {backend!r}")
         self.backend, self.split, self.fullgraph = backend, split, fullgraph
         self.stats = RegionStats()
-        self._kind_of: dict[int, int] = {}    # id(layer) -> kind index
+        self._kind_of = weakref.WeakKeyDictionary()   # layer -> kind index (ids get reused)
         self._fns: dict[int, tuple] = {}      # kind index -> compiled callables
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
@@ -116,12 +118,12 @@ class RegionRunner:
         return backend
 
     def _compiled(self, layer) -> tuple:
-        k = self._kind_of.get(id(layer))
+        k = self._kind_of.get(layer)
         if k is None:
             key = layer_kind(layer)
             if key not in self.stats.kinds:
                 self.stats.kinds.append(key)
-            k = self._kind_of[id(layer)] = self.stats.kinds.index(key)
+            k = self._kind_of[layer] = self.stats.kinds.index(key)
         if k not in self._fns:
             opts = dict(backend=self._backend_for(k), fullgraph=self.fullgraph, dynamic=False)
             fns = (_whole, _attn, _ffn)

@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="offline; on Neuron also the prefill bucket (default: next power of two >= "
                          "max input + max concurrency)")
     ap.add_argument("--enforce-eager", action="store_true", help="offline: no graph runner")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads for the offline engine and the baseline (default: torch's); "
+                         "1 keeps numbers stable on a machine shared with other jobs")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", choices=("transformers",), default=None)
@@ -100,6 +103,8 @@ def check_args(args: argparse.Namespace) -> None:
                          f"cell reaches its concurrency, got {args.num_prompts}")
     if args.num_warmups is not None and args.num_warmups < 0:
         raise ValueError(f"--num-warmups: must be >= 0, got {args.num_warmups}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {args.threads}")
     if args.request_timeout <= 0:
         raise ValueError(f"--request-timeout: must be > 0, got {args.request_timeout}")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
@@ -180,6 +185,9 @@ def main(argv=None) -> int:
     config["mode"] = "server" if args.base_url else "offline"
     config["model_type"] = model_cfg.get("model_type")
     versions = report.versions()
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
     prompts = PromptFactory(int(model_cfg.get("vocab_size", 32000)), seed=args.seed)
 
     driver, backend, platform = build_driver(args)

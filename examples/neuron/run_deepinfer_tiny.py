@@ -11,6 +11,7 @@ the tokens, the golden comparison, the graphs compiled and, with the fp8 guard o
 sites (load + run). Exit status 1 when tokens differ from the golden.
 """
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -66,7 +67,7 @@ def run_kind(kind: str, args) -> bool:
         from deepinfer.neuron_ops.fp8_guard import Fp8Guard
         guard = Fp8Guard()
     t0 = time.perf_counter()
-    with guard if guard is not None else _nothing():
+    with guard if guard is not None else contextlib.nullcontext():
         golden_model = build_model(model_config, str(ckpt), torch.float32, progress=False, platform=cpu)
     load_s = time.perf_counter() - t0
     model = golden_model
@@ -102,14 +103,6 @@ def run_kind(kind: str, args) -> bool:
             print(f"    {line}")
     print(f"  golden match: {'yes' if ok else 'NO'}")
     return ok
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main(argv=None) -> int:

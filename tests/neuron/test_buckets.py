@@ -1,6 +1,5 @@
 """Static buckets: selection, context buckets, entry caps, and static StepInputs shapes."""
 import pytest
-import torch
 
 from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, build_step_inputs
 from deepinfer.platforms.neuron.buckets import BucketSpec, batch_buckets, entry_cap, pad_step

@@ -108,3 +108,34 @@ def test_host_mode_gives_cpu_tokens_on_tiny_checkpoint(request, regions, kind):
     assert s.runner.buckets_seen == BUCKETS[kind]
     # the checkpoint model has the random models' layer kinds and shapes: no new graphs
     assert regions[kind].stats.total_graphs == graphs > 0
+
+
+def test_fp8_guard_runs_with_compiled_regions_and_reports_nothing(regions, monkeypatch):
+    """DEEPINFER_NEURON_FP8_GUARD=1: eager code runs under the guard, regions outside it (no retrace)."""
+    model = tiny_model(tiny_config("v4", 6), HOST, seed=2)
+    plain = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=regions["v4"])
+    want = plain.greedy(3)
+    graphs = regions["v4"].stats.total_graphs
+    monkeypatch.setenv("DEEPINFER_NEURON_FP8_GUARD", "1")
+    guarded = NeuronPlatform(host=True)
+    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=guarded, buckets=SPEC["v4"], regions=regions["v4"])
+    assert s.greedy(3) == want
+    assert s.runner.fp8_guard is not None and s.runner.fp8_sites() == []
+    assert regions["v4"].stats.total_graphs == graphs
+
+
+def test_int64_constants_outside_int32_are_flagged():
+    """neuron.md A4/A5: such constants are narrowed (or rejected) by neuronx-cc; the scan names them."""
+    from deepinfer.neuron_ops.regions import int64_constant_sites
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def f(x):
+        return torch.where(x > 0, x, torch.full_like(x, torch.iinfo(torch.long).max)) + (x < 129280).long()
+
+    f(torch.tensor([1, -2]))
+    assert int64_constant_sites(graphs[0]) == [f"full_like({torch.iinfo(torch.long).max})"]

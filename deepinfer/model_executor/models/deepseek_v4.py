@@ -326,7 +326,9 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_inter_size, dtype)
                                      for _ in range(self.n_experts))
         self.shared_experts = Expert(cfg.hidden_size, cfg.moe_inter_size * max(1, cfg.n_shared_experts), dtype)
-        self._w13 = self._w2 = None
+        # non-persistent buffers: not checkpoint tensors, but moved by model.to(device) like the weights
+        self.register_buffer("_w13", None, persistent=False)
+        self.register_buffer("_w2", None, persistent=False)
 
     def pack(self):
         """Stack expert weights once after loading (the per-expert modules keep the checkpoint names)."""
@@ -519,7 +521,7 @@ class DeepseekV4Model(nn.Module):
         x = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
         prev_pre = None
         if cfg.hc_shifted:
-            prev_pre = torch.zeros(x.shape[0], cfg.hc_mult, dtype=torch.float32)
+            prev_pre = torch.zeros(x.shape[0], cfg.hc_mult, dtype=torch.float32, device=x.device)
             prev_pre[:, 0] = 1.0
         for layer in self.layers:
             io = layer.layer_io(ctx)

@@ -1,4 +1,5 @@
-"""NKI stub: fp8 32x32 / fp4 1x32 blockquant GEMMs (dequantize in SBUF on the VectorE, K-major weights, grid 2) (neuron.md §3.6).
+"""NKI stub: fp8 32x32 / fp4 1x32 blockquant GEMMs (dequantize in SBUF on the VectorE, K-major
+weights, grid 2) (neuron.md §3.6).
 
 Not written. `load` raises; the platform uses the PyTorch reference for these names."""
 from deepinfer.neuron_ops.nki import require_toolchain

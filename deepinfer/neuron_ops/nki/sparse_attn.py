@@ -1,4 +1,5 @@
-"""NKI stub: sparse sink attention over gathered KV records (online softmax, P rounded to bf16 per 64 keys) (neuron.md §3.6).
+"""NKI stub: sparse sink attention over gathered KV records (online softmax, P rounded to bf16 per
+64 keys) (neuron.md §3.6).
 
 Not written. `load` raises; the platform uses the PyTorch reference for these names."""
 from deepinfer.neuron_ops.nki import require_toolchain

@@ -45,7 +45,8 @@ FAKES = {
     "expert_mlp": lambda x, w1, w3, w2, limit: x.new_empty(x.shape[0], w2.shape[0]),
     "engram_gate": lambda x, kv, q_weight, k_weight, eps: torch.empty_like(x),
     "swiglu": lambda gate, up, limit: torch.empty_like(gate),
-    "blockquant_fp8_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(x.shape[0], w_codes.shape[0]),
+    "blockquant_fp8_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(x.shape[0],
+                                                                                         w_codes.shape[0]),
     "blockquant_fp4_gemm": lambda x, w_packed, w_scale, group: x.new_empty(x.shape[0], w_packed.shape[0]),
 }
 

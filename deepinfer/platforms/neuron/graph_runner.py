@@ -37,6 +37,7 @@ class NeuronGraphRunner(GraphRunner):
         if platform.fp8_guard:
             from deepinfer.neuron_ops.fp8_guard import Fp8Guard
             self.fp8_guard = Fp8Guard()
+        self._fp8_logged: set[str] = set()
         self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
 
     @classmethod
@@ -71,18 +72,25 @@ class NeuronGraphRunner(GraphRunner):
         else:
             with self.fp8_guard:
                 logits = self.model(step, cache, run_layer=_outside_mode(run_layer))
+            self._log_new_fp8_sites()
         return logits if logits.device.type == "cpu" else logits.cpu()
 
+    def _log_new_fp8_sites(self) -> None:
+        for line in self.fp8_sites():
+            if line not in self._fp8_logged:
+                self._fp8_logged.add(line)
+                logger.warning("DEEPINFER_NEURON_FP8_GUARD: %s", line)
+
     def fp8_sites(self) -> list[str]:
-        """Unsafe float8 ops seen so far: eager call sites (guard on) and compiled region graphs."""
-        eager = self.fp8_guard.report.lines() if self.fp8_guard is not None else []
-        return eager + (self.regions.stats.fp8_sites if self.regions is not None else [])
+        """Unsafe float8 ops seen so far (unique): eager call sites (guard on) and compiled region graphs."""
+        eager = [f"{op} on float8 at {site}" for op, site in self.fp8_guard.report.sites] if self.fp8_guard else []
+        graphs = self.regions.stats.fp8_sites if self.regions is not None else []
+        return sorted(set(eager) | set(graphs))
 
     @property
     def num_graphs(self) -> int:
         """Region graphs compiled by this runner so far."""
         return 0 if self.regions is None else self.regions.stats.total_graphs
-
 
 
 def _outside_mode(run_layer):

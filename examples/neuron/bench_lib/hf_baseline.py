@@ -61,6 +61,7 @@ class TransformersDriver:
         import transformers
         return {"name": "transformers", "model_class": type(self.model).__name__, "dtype": self.dtype,
                 "transformers": transformers.__version__, "model_load_s": self.load_s,
+                "torch_threads": torch.get_num_threads(),
                 "method": "static batches of `concurrency` prompts through generate(); see hf_baseline.py"}
 
     @torch.inference_mode()

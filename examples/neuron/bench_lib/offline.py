@@ -12,6 +12,8 @@ import itertools
 import os
 import time
 
+import torch
+
 from bench_lib.metrics import RequestResult
 
 
@@ -74,7 +76,7 @@ class OfflineDriver:
                 "graph_runner": type(runner).__name__,
                 "bucket_spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else None,
                 "block_size": worker.block_size, "num_kv_blocks": worker.num_kv_blocks,
-                "model_load_s": self.load_s}
+                "model_load_s": self.load_s, "torch_threads": torch.get_num_threads()}
 
     def run(self, prompts: list[list[int]], output_len: int, concurrency: int) -> tuple[list[RequestResult], float]:
         from deepinfer.sampling_params import SamplingParams

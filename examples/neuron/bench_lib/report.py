@@ -66,14 +66,19 @@ def result_block(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def platform_label(p: dict) -> str:
+    name = p.get("name") or "unknown"
+    return name + "-host" if p.get("is_host_mode") else name
+
+
 def summary_matrix(records: list[dict]) -> str:
-    head = (f"{'backend':<22} {'in':>5} {'out':>5} {'conc':>4} {'ok':>4} {'fail':>4} {'TTFT ms':>9} "
+    head = (f"{'backend':<18} {'platform':<12} {'in':>5} {'out':>5} {'conc':>4} {'ok':>4} {'fail':>4} {'TTFT ms':>9} "
             f"{'p99':>9} {'TPOT ms':>9} {'p99':>9} {'E2EL ms':>9} {'tok/s':>8} {'req/s':>7} {'xTF tok/s':>9}")
     lines = [head, "-" * len(head)]
     for r in records:
         s = (r.get("speedup_vs_transformers") or {}).get("output_throughput")
         lines.append(
-            f"{r['backend']:<22} {r['input_len']:>5} {r['output_len']:>5} {r['concurrency']:>4} "
+            f"{r['backend']:<18} {platform_label(r['platform']):<12} {r['input_len']:>5} {r['output_len']:>5} {r['concurrency']:>4} "
             f"{r['completed']:>4} {r['failed']:>4} {fmt(r['mean_ttft_ms'], 1):>9} {fmt(r['p99_ttft_ms'], 1):>9} "
             f"{fmt(r['mean_tpot_ms'], 1):>9} {fmt(r['p99_tpot_ms'], 1):>9} {fmt(r['mean_e2el_ms'], 1):>9} "
             f"{fmt(r['output_throughput'], 1):>8} {fmt(r['request_throughput'], 2):>7} {fmt(s):>9}")
@@ -112,9 +117,8 @@ def plot(path: str, records: list[dict]) -> None:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
-    first = records[0]["platform"]
-    fig.suptitle(f"{os.path.basename(records[0]['config']['model'].rstrip('/'))} on {first.get('name')}"
-                 f"{' (host mode)' if first.get('is_host_mode') else ''}", fontsize=10)
+    fig.suptitle(f"{os.path.basename(records[0]['config']['model'].rstrip('/'))} on "
+                 f"{platform_label(records[0]['platform'])}", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
