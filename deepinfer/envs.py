@@ -92,7 +92,7 @@ ENV_VARS: list[EnvVar] = [
     EnvVar("DEEPINFER_NEURON_CTX_BUCKETS", None, "int_list",
            "Context-length buckets of the Neuron graphs. Unset: powers of two up to max_model_len."),
     EnvVar("DEEPINFER_NEURON_PREFILL_BUCKET", None, "int",
-           "Prefill chunk size (tokens) compiled for Neuron. Unset: chosen from the engine config."),
+           "Prefill chunk size (tokens) compiled for Neuron. Unset: max_num_batched_tokens."),
     EnvVar("DEEPINFER_NEURON_REGION_SPLIT", False, "bool",
            "Compile the attention half and the MoE of a layer as two regions instead of one."),
     EnvVar("DEEPINFER_NEURON_FP8_GUARD", False, "bool",

@@ -1,7 +1,18 @@
-"""Shared fixtures: tiny checkpoints built once per session, and the neuron_device skip."""
-import glob
+"""Shared fixtures: tiny checkpoints built once per session, and the neuron_device skip.
 
-import pytest
+The suite runs torch with one intra-op thread (and passes OMP_NUM_THREADS=1 to the server
+subprocesses it starts): the tiny model's ops are microseconds of work, and two OpenMP threads on a
+2-core machine that also runs another process pay a spin-wait handoff on every op (a decode step
+measured 0.1 s with one thread and 1.9 s with two under load). Benchmarks keep the default."""
+import glob
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,9 +36,9 @@ def candidate_blocks(scores: torch.Tensor, n_vis: torch.Tensor, block: int, topk
     last = (col == (n_valid_blk[:, None] - 1)) & (n_valid_blk[:, None] > 0)
     bmax = torch.where(last, torch.full_like(bmax, float("inf")), bmax)
     sel = stable_topk(bmax, topk_blocks)  # [T, min(nblk, topk_blocks)]
-    big = torch.iinfo(torch.long).max
-    sel = torch.sort(torch.where(sel >= 0, sel, torch.full_like(sel, big)), dim=1).values
-    sel = torch.where(sel == big, torch.full_like(sel, -1), sel)
+    # nblk as the "unused" sort key keeps the graph free of int64-max constants (neuron.md)
+    sel = torch.sort(torch.where(sel >= 0, sel, torch.full_like(sel, nblk)), dim=1).values
+    sel = torch.where(sel == nblk, torch.full_like(sel, -1), sel)
     if sel.shape[1] < topk_blocks:
         sel = torch.cat([sel, sel.new_full((t, topk_blocks - sel.shape[1]), -1)], dim=1)
     return sel
