@@ -50,6 +50,9 @@ class EngineConfig:
     # No tokenizer: prompts must be token ids and outputs carry no text (vLLM's name).
     skip_tokenizer_init: bool = False
     kv_cache_memory_bytes: int = field(default_factory=_default_kv_cache_memory_bytes)
+    # "plain": cache values in the compute dtype; "compact": DeepSeek's records (fp8 e4m3 SWA with
+    # ue8m0 scales, fp4 compressed entries and index keys), dequantized when read.
+    kv_cache_mode: str = "plain"
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -76,6 +79,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _check_int("seed", self.seed, 0, (1 << 63) - 1)
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
+        if self.kv_cache_mode not in ("plain", "compact"):
+            raise ValueError(f"kv_cache_mode must be 'plain' or 'compact', got {self.kv_cache_mode!r}")
 
     def resolve(self, model_config) -> EngineConfig:
         """Fill model-dependent defaults and check them against the model; returns self."""

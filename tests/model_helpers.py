@@ -5,13 +5,13 @@ from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
 
 
-def run_chunks(model, token_ids: list[int], chunks: list[int], dtype=torch.float32) -> torch.Tensor:
+def run_chunks(model, token_ids: list[int], chunks: list[int], dtype=torch.float32, mode="plain") -> torch.Tensor:
     """Logits of every position of one sequence fed in the given chunk sizes (slot 1, blocks 1..)."""
     cfg = model.cfg
     bs = default_block_size(cfg)
     n_blocks = -(-len(token_ids) // bs)
     layout = cache_layout(cfg, 2, bs, model.engram_spec)
-    cache = allocate_cache(cfg, 2, n_blocks + 1, bs, dtype)
+    cache = allocate_cache(cfg, 2, n_blocks + 1, bs, dtype, mode=mode)
     out, pos = [], 0
     for c in chunks:
         step = build_step_inputs([SeqChunk(1, pos, c, list(range(1, n_blocks + 1)), token_ids, c)], layout)

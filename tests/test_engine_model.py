@@ -105,3 +105,15 @@ def test_greedy_generate_equals_transformers(tiny_v4_dense_dir):
         with torch.no_grad():
             ref = tf.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, ids.shape[1]:]
         assert o.outputs[0].token_ids == ref.tolist()
+
+
+def test_compact_kv_cache_mode_serves_requests(v41):
+    d, model = v41
+    llm = _llm(d, model, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=256, kv_cache_mode="compact")
+    w = llm.llm_engine.worker
+    assert w.cache.swa[0].dtype == torch.uint8
+    outs = llm.generate(_prompts(3, seed=5), GREEDY, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert llm.llm_engine.stats().num_used_blocks == 0
+    with pytest.raises(ValueError, match="kv_cache_mode"):
+        EngineConfig(model=str(d), kv_cache_mode="fp2")

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model_executor.forward_meta import CacheLayout
-from deepinfer.model_executor.models.deepseek_v4 import ModelCache, compressor_spec
+from deepinfer.model_executor.models.deepseek_v4 import CacheFormats, ModelCache, compressor_spec
+from deepinfer.worker.kv_records import record_format
 
 
 def default_block_size(cfg) -> int:
@@ -64,12 +65,24 @@ def storage_plan(cfg, block_size: int, dtype: torch.dtype) -> list[StorageItem]:
     return items
 
 
+def cache_formats(cfg, mode: str, dtype: torch.dtype) -> CacheFormats:
+    return CacheFormats(swa=record_format("swa", cfg.head_dim, mode, dtype),
+                        entries=record_format("entries", cfg.head_dim, mode, dtype),
+                        index=record_format("index", cfg.index_head_dim, mode, dtype))
+
+
 def allocate_cache(cfg, num_slots: int, num_blocks: int, block_size: int, dtype: torch.dtype,
-                   device="cpu") -> ModelCache:
-    cache = ModelCache()
+                   device="cpu", mode: str = "plain") -> ModelCache:
+    """mode "plain" stores values in `dtype`; "compact" stores DeepSeek's byte records
+    (worker/kv_records.py). Compressor state rings are never compacted."""
+    fmts = cache_formats(cfg, mode, dtype)
+    cache = ModelCache(formats=fmts)
     for it in storage_plan(cfg, block_size, dtype):
         n = it.rows_per * (num_slots if it.per == "slot" else num_blocks)
-        buf = torch.zeros(n, it.width, dtype=it.dtype, device=device)
+        if it.kind in ("swa", "entries", "index"):
+            buf = getattr(fmts, "swa" if it.kind == "swa" else it.kind).alloc(n, device)
+        else:
+            buf = torch.zeros(n, it.width, dtype=it.dtype, device=device)
         if it.kind == "swa":
             cache.swa[it.layer] = buf
         elif it.kind == "state_main":
@@ -83,8 +96,8 @@ def allocate_cache(cfg, num_slots: int, num_blocks: int, block_size: int, dtype:
     return cache
 
 
-def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
-    return sum(it.rows_per * it.width * torch.finfo(it.dtype).bits // 8
+def bytes_per_block(cfg, block_size: int, dtype: torch.dtype, mode: str = "plain") -> int:
+    return sum(it.rows_per * record_bytes(it.kind, it.width, mode, dtype)
                for it in storage_plan(cfg, block_size, dtype) if it.per == "block")
 
 
@@ -102,12 +115,8 @@ def record_bytes(kind: str, width: int, mode: str, dtype: torch.dtype) -> int:
         return width * torch.finfo(dtype).bits // 8
     if mode != "compact":
         raise ValueError(f"mode: expected 'plain' or 'compact', got {mode!r}")
-    if kind == "swa":
-        return width + width // 32
-    if kind == "entries":
-        return width // 2 + width // 16
-    if kind == "index":
-        return width // 2 + width // 32
+    if kind in ("swa", "entries", "index"):
+        return record_format(kind, width, mode, dtype).record_bytes()
     return width * 4  # compressor state: fp32
 
 

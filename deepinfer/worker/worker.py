@@ -53,7 +53,8 @@ class Worker:
         cfg = model_config
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
-        self.bytes_per_block = cache_engine.bytes_per_block(cfg, self.block_size, self.dtype)
+        self.kv_cache_mode = engine_config.kv_cache_mode
+        self.bytes_per_block = cache_engine.bytes_per_block(cfg, self.block_size, self.dtype, self.kv_cache_mode)
         max_len = int(engine_config.max_model_len)
         min_blocks = -(-max_len // self.block_size) + 1
         if engine_config.num_kv_blocks is not None:
@@ -66,7 +67,7 @@ class Worker:
             want = -(-max_len // self.block_size) * int(engine_config.max_num_seqs) + 1
             self.num_kv_blocks = max(min_blocks, min(want, budget // max(1, self.bytes_per_block)))
         self.cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
-                                                 self.dtype, device=self.platform.device)
+                                                 self.dtype, device=self.platform.device, mode=self.kv_cache_mode)
         self.layout = cache_engine.cache_layout(cfg, self.num_state_slots, self.block_size,
                                                 getattr(self.model, "engram_spec", None))
         if runner_cls is None:

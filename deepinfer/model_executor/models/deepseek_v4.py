@@ -41,6 +41,14 @@ class ModelCache:
     comp_state: dict = field(default_factory=dict)  # (layer, "main"|"index") -> [slots * ring, 2 * width]
     entries: dict = field(default_factory=dict)     # kv-source layer -> [blocks * epb, d]
     index_keys: dict = field(default_factory=dict)  # index-K source layer -> [blocks * epb, index_head_dim]
+    formats: "CacheFormats" = None                 # encode/decode of swa, entries and index records
+
+
+@dataclass(frozen=True)
+class CacheFormats:
+    swa: object
+    entries: object
+    index: object
 
 
 class _StepContext:
@@ -84,6 +92,7 @@ class LayerIO:
     region serves every layer of a kind. Values a layer hands to later layers go to the `*_out`
     fields and are stored back by `DecoderLayer.collect`."""
     swa: torch.Tensor                           # SWA ring (written)
+    fmt: "CacheFormats"                         # record formats of the stores (plain or compact)
     state: torch.Tensor | None = None           # own compressor state ring (read + written)
     index_state: torch.Tensor | None = None     # own V4 indexer-compressor state ring
     entries: torch.Tensor | None = None         # entry pool attention reads (written by its owner)
@@ -206,7 +215,7 @@ class Attention(nn.Module):
             pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(h_src.dtype)
             latent = ctx.k.rms_norm(pooled, comp.norm.weight, cfg.rms_norm_eps)
             cos, sin = ctx.entry_rope(self.comp_key)
-            io.entries[meta.entry_dst] = ctx.k.rope(latent, cos, sin).to(io.entries.dtype)
+            io.entries[meta.entry_dst] = io.fmt.entries.encode(ctx.k.rope(latent, cos, sin))
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
         if not v41 and self.is_index_source:
@@ -214,7 +223,7 @@ class Attention(nn.Module):
         if v41 and latent is not None and hasattr(self, "indexer") and hasattr(self.indexer, "wk"):
             k = ctx.k.rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight, cfg.rms_norm_eps)
             cos, sin = ctx.entry_rope(self.comp_key)
-            io.index_keys[meta.entry_dst] = ctx.k.rope(k, cos, sin).to(io.index_keys.dtype)
+            io.index_keys[meta.entry_dst] = io.fmt.index.encode(ctx.k.rope(k, cos, sin))
 
     def _compress_v4_index(self, h: torch.Tensor, ctx: _StepContext, meta, io: LayerIO):
         comp: Compressor = self.indexer.compressor
@@ -225,7 +234,7 @@ class Attention(nn.Module):
             pooled = ctx.k.compress_pool(c, z, meta.src_valid)
             k = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
             cos, sin = ctx.entry_rope(self.comp_key)
-            io.index_keys[meta.entry_dst] = ctx.k.rope(k, cos, sin).to(io.index_keys.dtype)
+            io.index_keys[meta.entry_dst] = io.fmt.index.encode(ctx.k.rope(k, cos, sin))
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
 
@@ -244,7 +253,7 @@ class Attention(nn.Module):
         cos, sin = ctx.rope("compress")
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
         w = (h @ self.indexer.weights_proj.weight.t()).float()
-        keys = io.index_keys[meta.vis_idx]
+        keys = io.fmt.index.decode(io.index_keys[meta.vis_idx], torch.float32)
         if cfg.is_v41:
             scores = ctx.k.index_scores(q, keys, w, meta.vis_valid)
             if self.candidate_consumer and io.candidates is not None:
@@ -272,7 +281,8 @@ class Attention(nn.Module):
         kv = ctx.k.rope(ctx.k.rms_norm(h @ self.wkv.weight.t(), self.kv_norm.weight, cfg.rms_norm_eps), cos, sin)
 
         ring = io.swa
-        keys = torch.cat([ring, kv.to(ring.dtype)])[step.swa_idx]
+        # this step's rows go through the record format too, so they read back as later steps see them
+        keys = io.fmt.swa.decode(torch.cat([ring, io.fmt.swa.encode(kv)])[step.swa_idx], q.dtype)
         valid = step.swa_valid
         if self.ratio > 0:
             if self.comp_key is not None:
@@ -282,12 +292,12 @@ class Attention(nn.Module):
             sel = self._select(h, cq, ctx, meta, io)
             sel_ok = sel >= 0
             rows = meta.vis_idx.gather(1, sel.clamp(min=0)) if sel.numel() else sel.clamp(min=0)
-            comp_keys = io.entries[rows]
+            comp_keys = io.fmt.entries.decode(io.entries[rows], q.dtype)
             keys = torch.cat([keys, comp_keys], dim=1)
             valid = torch.cat([valid, sel_ok], dim=1)
         o = ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, d ** -0.5)
         if step.swa_write_dst.numel():
-            ring[step.swa_write_dst] = kv[step.swa_write_src].to(ring.dtype)
+            ring[step.swa_write_dst] = io.fmt.swa.encode(kv[step.swa_write_src])
         o = ctx.k.rope(o, cos[:, None], sin[:, None], inverse=True)
         g = cfg.o_groups
         wo_a = self.wo_a.weight.view(g, cfg.o_lora_rank, -1)
@@ -389,7 +399,7 @@ class DecoderLayer(nn.Module):
         """This layer's caches and cross-layer inputs (eager: the only place that uses the layer id)."""
         cfg, cache, i = self.cfg, ctx.cache, self.layer
         attn = self.attn
-        io = LayerIO(swa=cache.swa[i], state=cache.comp_state.get((i, "main")),
+        io = LayerIO(swa=cache.swa[i], fmt=cache.formats, state=cache.comp_state.get((i, "main")),
                      index_state=cache.comp_state.get((i, "index")))
         if attn.ratio > 0:
             io.entries = cache.entries[cfg.kv_source_map[i] if cfg.is_v41 else i]

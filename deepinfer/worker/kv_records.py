@@ -1,0 +1,99 @@
+"""Record formats of the cache stores (model.md §5.1).
+
+`plain` stores values in the compute dtype. `compact` stores DeepSeek's records as bytes:
+- SWA kv: e4m3 values + one ue8m0 scale per 32 (528 B for d = 512);
+- compressed main KV: packed e2m1 + one e4m3 scale per 16 (288 B for d = 512);
+- index keys: packed e2m1 + one ue8m0 scale per 32 (68 B for 128 values).
+Writes encode, reads decode only the gathered rows, so attention always sees dequantized values
+(and, as in DeepSeek's prefill, this step's own SWA rows are read back round-tripped)."""
+import torch
+
+from deepinfer.model_executor.layers import quant
+
+
+class PlainFormat:
+    name = "plain"
+
+    def __init__(self, width: int, dtype: torch.dtype):
+        self.width, self.dtype = width, dtype
+
+    def record_bytes(self) -> int:
+        return self.width * torch.finfo(self.dtype).bits // 8
+
+    def alloc(self, rows: int, device) -> torch.Tensor:
+        return torch.zeros(rows, self.width, dtype=self.dtype, device=device)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+    def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return rec.to(dtype)
+
+
+class Fp8Ue8m0Format:
+    """e4m3 bytes followed by one ue8m0 byte per 32 values."""
+    name = "fp8_ue8m0"
+
+    def __init__(self, width: int):
+        assert width % 32 == 0
+        self.width = width
+
+    def record_bytes(self) -> int:
+        return self.width + self.width // 32
+
+    def alloc(self, rows: int, device) -> torch.Tensor:
+        rec = torch.zeros(rows, self.record_bytes(), dtype=torch.uint8, device=device)
+        rec[:, self.width:] = 127  # scale 2^0, so never-written rows decode to zeros
+        return rec
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        q, s = quant.quantize_fp8_block(x.float(), block=(1, 32), scale_fmt="ue8m0")
+        return torch.cat([q.view(torch.uint8), s.view(torch.uint8)], dim=-1)
+
+    def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        q = rec[..., : self.width].contiguous().view(torch.float8_e4m3fn).float()
+        s = quant.ue8m0_to_float(rec[..., self.width:].contiguous())
+        return (q * s.repeat_interleave(32, dim=-1)).to(dtype)
+
+
+class Fp4Format:
+    """Packed e2m1 bytes followed by one scale byte per `group` values (e4m3 or ue8m0)."""
+
+    def __init__(self, width: int, group: int, scale_fmt: str):
+        assert width % group == 0 and group % 2 == 0
+        self.width, self.group, self.scale_fmt = width, group, scale_fmt
+        self.name = f"fp4_{scale_fmt}_{group}"
+
+    def record_bytes(self) -> int:
+        return self.width // 2 + self.width // self.group
+
+    def alloc(self, rows: int, device) -> torch.Tensor:
+        rec = torch.zeros(rows, self.record_bytes(), dtype=torch.uint8, device=device)
+        if self.scale_fmt == "ue8m0":
+            rec[:, self.width // 2:] = 127
+        return rec
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        packed, s = quant.quantize_fp4(x.float(), group=self.group, scale_fmt=self.scale_fmt)
+        return torch.cat([packed.view(torch.uint8), s.contiguous().view(torch.uint8)], dim=-1)
+
+    def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        values = quant.decode_e2m1(rec[..., : self.width // 2].contiguous())
+        sb = rec[..., self.width // 2:].contiguous()
+        s = sb.view(torch.float8_e4m3fn).float() if self.scale_fmt == "e4m3" else quant.ue8m0_to_float(sb)
+        return (values * s.repeat_interleave(self.group, dim=-1)).to(dtype)
+
+
+def record_format(kind: str, width: int, mode: str, dtype: torch.dtype):
+    """Format of one store kind ("swa" | "entries" | "index") in a cache mode ("plain" | "compact")."""
+    if mode == "plain":
+        return PlainFormat(width, dtype)
+    if mode != "compact":
+        raise ValueError(f"kv_cache_mode: expected 'plain' or 'compact', got {mode!r}")
+    if kind == "swa":
+        return Fp8Ue8m0Format(width)
+    if kind == "entries":
+        return Fp4Format(width, 16, "e4m3")
+    if kind == "index":
+        return Fp4Format(width, 32, "ue8m0")
+    raise ValueError(f"kind: no compact format for {kind!r}")
