@@ -166,7 +166,8 @@ def _check_records(records: list[dict], backend: str):
         (backend, 8, 4, 1), (backend, 8, 4, 2)]
     for r in records:
         assert (r["completed"], r["failed"], r["errors"]) == (2, 0, [])
-        assert (r["num_warmups"], r["warmup_failed"]) == (r["concurrency"], 0)
+        rounds = 2 if backend == "deepinfer-server" else 1
+        assert (r["num_warmups"], r["warmup_failed"]) == (rounds * r["concurrency"], 0)
         assert r["input_lens"] == [8, 8] and r["output_lens"] == [4, 4]
         assert r["total_input_tokens"] == 16 and r["total_output_tokens"] == 8
         for key in ("ttft", "tpot", "itl", "e2el"):
@@ -245,7 +246,7 @@ def test_server_errors_are_counted_and_exit_nonzero(live_server, tmp_path, tiny_
     assert bench_neuron.main(argv) == 1
     data = json.loads(out.read_text())
     r = data["records"][0]
-    assert (r["completed"], r["failed"], r["warmup_failed"], data["failed_requests"]) == (0, 2, 1, 3)
+    assert (r["completed"], r["failed"], r["warmup_failed"], data["failed_requests"]) == (0, 2, 2, 4)
     assert all(e.startswith("HTTP 404") for e in r["errors"] + r["warmup_errors"])
     assert r["mean_ttft_ms"] is None
 
@@ -257,7 +258,7 @@ def test_unreachable_server_counts_every_request(tmp_path, tiny_v4_dir):
             "--num-prompts", "2", "--base-url", f"http://127.0.0.1:{free_port()}", "--out", str(out)]
     assert bench_neuron.main(argv) == 1
     data = json.loads(out.read_text())
-    assert data["failed_requests"] == 2 + 1 + 2 + 2  # measured + warm-up, both cells
+    assert data["failed_requests"] == (2 + 2) + (2 + 4)  # measured + 2 warm-up rounds, both cells
     assert all("ConnectError" in e for r in data["records"] for e in r["errors"])
     assert data["records"][0]["platform"]["server"]["probe_errors"]
 

@@ -101,10 +101,9 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
         logits.extend(range(end - k, end))
     logits_indices = torch.tensor(logits, dtype=torch.long)
     max_blocks = max([len(c.block_table) for c in chunks] + [1])
-    tables = torch.zeros(nb, max_blocks, dtype=torch.long)
-    for b, c in enumerate(chunks):
-        if c.block_table:
-            tables[b, :len(c.block_table)] = torch.tensor(c.block_table, dtype=torch.long)
+    # one tensor call for the whole padded table (per-row tensor() calls dominate at batch 32)
+    tables = torch.tensor([list(c.block_table) + [0] * (max_blocks - len(c.block_table)) for c in chunks],
+                          dtype=torch.long).reshape(nb, max_blocks)
 
     tok_ctx, tok_start, tok_slot = ctx[token_seq], start[token_seq], slot[token_seq]
     end_pos = (ctx + new)[token_seq]

@@ -8,8 +8,9 @@
 Every (input, output, concurrency) cell sends random token-id prompts of exactly the input length
 (distinct across the run) with ignore_eos and min_tokens = max_tokens = output length, as a closed
 loop of `concurrency` requests in flight. Each cell is first warmed up with --num-warmups requests
-of its own shape (default: one round of `concurrency`), which on Neuron compiles the buckets the
-cell uses; the warm-up is not measured. Metrics use vLLM's definitions (bench_lib/metrics.py);
+of its own shape (default: one round of `concurrency`, two in server mode), which on Neuron
+compiles the buckets the cell uses; the warm-up is not measured (offline records report any graph
+compiled while measuring). Metrics use vLLM's definitions (bench_lib/metrics.py);
 each cell prints vLLM's result block, the run ends with a summary matrix, and --out gets one JSON
 record per cell. Offline mode builds the engine once, with max_num_seqs = the largest
 concurrency. Server mode drives streaming /v1/completions; the server's lifecycle (and its
@@ -55,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--num-prompts", type=int, default=None,
                     help="measured requests per cell (default: max(16, 4 x concurrency))")
     ap.add_argument("--num-warmups", type=int, default=None,
-                    help="warm-up requests per cell, not measured (default: the cell's concurrency)")
+                    help="warm-up requests per cell, not measured (default: the cell's concurrency; "
+                         "twice that in server mode)")
     ap.add_argument("--base-url", default=None, help="server mode: e.g. http://127.0.0.1:8000")
     ap.add_argument("--served-model-name", default=None, help="server mode (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=None, help="server mode: sent as 'Authorization: Bearer KEY'")
@@ -142,7 +144,11 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
         for n_out in args.output_lens:
             for conc in args.concurrency:
                 n = args.num_prompts or max(16, 4 * conc)
-                n_warm = conc if args.num_warmups is None else args.num_warmups
+                n_warm = args.num_warmups
+                if n_warm is None:
+                    # In-process, one round of `conc` replays the cell's step shapes exactly; over HTTP,
+                    # arrival jitter makes mixed prefill+decode steps the first round may not produce.
+                    n_warm = conc if backend != "deepinfer-server" else 2 * conc
                 offline = hasattr(driver, "step_buckets")
                 graphs0 = driver.num_graphs if offline else None
                 warm = []
