@@ -121,11 +121,15 @@ def test_unsupported_or_bad_flags_exit_2_with_the_reason(tmp_path, capsys, flag,
     assert message in capsys.readouterr().err
 
 
-def test_transformers_baseline_refuses_v41(tmp_path):
+def test_transformers_baseline_refuses_v41_before_running(tmp_path, capsys):
     from bench_lib.hf_baseline import TransformersDriver
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v41"}))
     with pytest.raises(ValueError, match="needs a V4 checkpoint"):
         TransformersDriver(str(tmp_path), "auto")
+    with pytest.raises(SystemExit) as exc:
+        bench_neuron.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "r.json"),
+                                 "--baseline", "transformers"])
+    assert exc.value.code == 2 and "needs a V4 checkpoint" in capsys.readouterr().err
 
 
 # ---- server stream validation (no server: canned SSE bodies) ------------------------------------
@@ -184,10 +188,21 @@ def _check_records(records: list[dict], backend: str):
         assert r["versions"]["torch"] and r["versions"]["python"]
 
 
-def test_offline_matrix_with_transformers_baseline(tiny_v4_dense_dir, tmp_path, capsys):
+@pytest.fixture
+def cpu_platform(monkeypatch):
+    """--accelerator writes DEEPINFER_ACCELERATOR into this process: restore it and the platform after."""
+    from deepinfer.platforms import reset_platform
+    monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
+    reset_platform()
+    yield
+    monkeypatch.undo()
+    reset_platform()
+
+
+def test_offline_matrix_with_transformers_baseline(tiny_v4_dense_dir, tmp_path, capsys, cpu_platform):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = bench_neuron.main(["--model", str(tiny_v4_dense_dir), *MATRIX, "--baseline", "transformers",
-                            "--out", str(out), "--plot", str(png)])
+    rc = bench_neuron.main(["--model", str(tiny_v4_dense_dir), *MATRIX, "--accelerator", "cpu",
+                            "--baseline", "transformers", "--out", str(out), "--plot", str(png)])
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["failed_requests"] == 0

@@ -109,8 +109,15 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads: must be >= 1, got {args.threads}")
     if args.request_timeout <= 0:
         raise ValueError(f"--request-timeout: must be > 0, got {args.request_timeout}")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
+    config_path = os.path.join(args.model, "config.json")
+    if not os.path.isfile(config_path):
         raise ValueError(f"--model: {args.model} has no config.json")
+    if args.baseline == "transformers":  # before the matrix runs, not after
+        with open(config_path) as f:
+            model_type = json.load(f).get("model_type")
+        if model_type != "deepseek_v4":
+            raise ValueError(f"--baseline transformers: needs a V4 checkpoint (model_type deepseek_v4; "
+                             f"transformers has no V4.1 model), got model_type {model_type!r}")
 
 
 def _next_pow2(n: int) -> int:
@@ -132,7 +139,8 @@ def build_driver(args: argparse.Namespace):
         model=args.model, accelerator=args.accelerator, dtype=args.dtype,
         max_model_len=args.max_model_len or max(args.input_lens) + max(args.output_lens),
         max_num_seqs=max_conc,
-        max_num_batched_tokens=args.max_num_batched_tokens or max(max_conc, _next_pow2(max(args.input_lens) + max_conc)),
+        max_num_batched_tokens=(args.max_num_batched_tokens
+                                or max(max_conc, _next_pow2(max(args.input_lens) + max_conc))),
         enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature))
     return driver, "deepinfer-offline", driver.platform_info()
 
@@ -178,7 +186,8 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
                 if backend != "transformers":
                     report.say(report.result_block(rec))
                 else:
-                    report.say(f"transformers in={n_in} out={n_out} c={conc}: TTFT {report.fmt(rec['mean_ttft_ms'])} ms, "
+                    report.say(f"transformers in={n_in} out={n_out} c={conc}: "
+                               f"TTFT {report.fmt(rec['mean_ttft_ms'])} ms, "
                                f"TPOT {report.fmt(rec['mean_tpot_ms'])} ms, failed {rec['failed']}")
     return records
 

@@ -78,7 +78,8 @@ def summary_matrix(records: list[dict]) -> str:
     for r in records:
         s = (r.get("speedup_vs_transformers") or {}).get("output_throughput")
         lines.append(
-            f"{r['backend']:<18} {platform_label(r['platform']):<12} {r['input_len']:>5} {r['output_len']:>5} {r['concurrency']:>4} "
+            f"{r['backend']:<18} {platform_label(r['platform']):<12} "
+            f"{r['input_len']:>5} {r['output_len']:>5} {r['concurrency']:>4} "
             f"{r['completed']:>4} {r['failed']:>4} {fmt(r['mean_ttft_ms'], 1):>9} {fmt(r['p99_ttft_ms'], 1):>9} "
             f"{fmt(r['mean_tpot_ms'], 1):>9} {fmt(r['p99_tpot_ms'], 1):>9} {fmt(r['mean_e2el_ms'], 1):>9} "
             f"{fmt(r['output_throughput'], 1):>8} {fmt(r['request_throughput'], 2):>7} {fmt(s):>9}")
@@ -100,14 +101,18 @@ def plot(path: str, records: list[dict]) -> None:
     series: dict[tuple, list[dict]] = {}
     for r in records:
         series.setdefault((r["backend"], r["input_len"], r["output_len"]), []).append(r)
+    # One colour per (input, output) shape, one line style per backend.
+    shapes = sorted({(n_in, n_out) for _, n_in, n_out in series})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for (backend, n_in, n_out), recs in sorted(series.items()):
         recs = sorted(recs, key=lambda r: r["concurrency"])
         xs = [r["concurrency"] for r in recs]
         style = "--" if backend == "transformers" else "-"
+        color = colors[shapes.index((n_in, n_out)) % len(colors)]
         for ax, key in zip(axes, ("mean_ttft_ms", "mean_tpot_ms")):
             ys = [r[key] if r[key] is not None else float("nan") for r in recs]
-            ax.plot(xs, ys, style, marker="o", label=f"{backend} in={n_in} out={n_out}")
+            ax.plot(xs, ys, style, color=color, marker="o", label=f"{backend} in={n_in} out={n_out}")
     concurrencies = sorted({r["concurrency"] for r in records})
     for ax, title in zip(axes, ("TTFT (mean, ms)", "TPOT (mean, ms)")):
         ax.set_xscale("log", base=2)
