@@ -24,7 +24,29 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from deepinfer import LLM, SamplingParams  # noqa: E402
 
-_MM_OPS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default}
+# In inference mode matmul / einsum / linear reach the dispatch mode undecomposed, so record them too.
+_MM_OPS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+           torch.ops.aten.matmul.default, torch.ops.aten.einsum.default, torch.ops.aten.linear.default}
+
+
+def _spec(a):
+    if isinstance(a, torch.Tensor):
+        return ("tensor", tuple(a.shape), tuple(a.stride()), a.dtype)
+    if isinstance(a, (list, tuple)) and a and all(isinstance(t, torch.Tensor) for t in a):
+        return ("list", [_spec(t) for t in a])
+    return ("value", a)
+
+
+def _build(spec):
+    """A random tensor with the recorded shape, strides (transposed weights stay transposed) and dtype."""
+    kind = spec[0]
+    if kind == "tensor":
+        _, shape, stride, dtype = spec
+        size = 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 0)
+        return torch.randn(size, dtype=torch.float32).to(dtype).as_strided(shape, stride)
+    if kind == "list":
+        return [_build(t) for t in spec[1]]
+    return spec[1]
 
 
 class _RecordMatmuls(TorchDispatchMode):
@@ -34,7 +56,7 @@ class _RecordMatmuls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _MM_OPS:
-            self.calls.append((func, [(a.shape, a.dtype) if isinstance(a, torch.Tensor) else a for a in args]))
+            self.calls.append((func, [_spec(a) for a in args]))
         return func(*args, **(kwargs or {}))
 
 
@@ -42,8 +64,7 @@ def _time_matmuls(calls, reps: int = 20) -> float:
     """Seconds for running every recorded matmul once, on fresh random operands."""
     prepared = []
     for func, args in calls:
-        prepared.append((func, [torch.randn(a[0], dtype=torch.float32).to(a[1]) if isinstance(a, tuple) else a
-                                for a in args]))
+        prepared.append((func, [_build(a) for a in args]))
     for func, args in prepared:
         func(*args)
     best = float("inf")
