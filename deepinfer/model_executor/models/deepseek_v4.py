@@ -342,11 +342,13 @@ class MoE(nn.Module):
 
     def pack(self):
         """Stack expert weights once after loading (the per-expert modules keep the checkpoint names)."""
-        # stored transposed (x @ w.T reads a contiguous [in, out] matrix, measurably faster on CPU)
+        # fp32: stored transposed (see post_load)
         w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
         w2 = torch.stack([e.w2.weight for e in self.experts])
-        self._w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
-        self._w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
+        if w13.dtype == torch.float32:
+            w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
+            w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
+        self._w13, self._w2 = w13, w2
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k) -> torch.Tensor:
         if self._w13 is None:
@@ -513,11 +515,12 @@ class DeepseekV4Model(nn.Module):
         }
 
     def post_load(self):
-        # Linear weights keep their [out, in] shape but live in [in, out] memory order, so every
-        # `x @ w.t()` multiplies by a contiguous matrix (MKL: ~1.3-2x faster for these shapes, the
-        # LM head 23 -> 12 ms at batch 1 in fp32). wo_a is viewed per group, so it stays row-major.
+        # fp32 Linear weights keep their [out, in] shape but live in [in, out] memory order, so every
+        # `x @ w.t()` multiplies by a contiguous matrix (MKL sgemm: ~1.3-2x faster for these shapes,
+        # the LM head 23 -> 12 ms at batch 1). bf16 GEMMs measured the opposite (10x slower), so bf16
+        # weights stay row-major. wo_a is viewed per group, so it stays row-major too.
         for name, mod in self.named_modules():
-            if isinstance(mod, nn.Linear) and not name.endswith("wo_a"):
+            if isinstance(mod, nn.Linear) and not name.endswith("wo_a") and mod.weight.dtype == torch.float32:
                 mod.weight.data = mod.weight.data.t().contiguous().t()
         for layer in self.layers:
             layer.ffn.pack()
