@@ -122,12 +122,7 @@ class EngineLoop:
             if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
                 self._abort_all(deliver=True)
             if not self.dead and self.engine.has_unfinished_requests():
-                if self._step():
-                    consecutive_errors = 0
-                else:
-                    consecutive_errors += 1
-                    if consecutive_errors >= MAX_CONSECUTIVE_STEP_ERRORS:
-                        self._die(f"{consecutive_errors} engine steps in a row raised")
+                consecutive_errors = 0 if self._step(consecutive_errors + 1) else consecutive_errors + 1
             self._refresh_stats()
         self._abort_all(deliver=True)
         self._refresh_stats()
@@ -198,12 +193,16 @@ class EngineLoop:
                 except Exception:  # noqa: BLE001
                     logger.exception("abort of %s failed", request_id)
 
-    def _step(self) -> bool:
+    def _step(self, errors_if_this_fails: int) -> bool:
         try:
             outputs = self.engine.step()
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep the loop
             logger.exception("engine step failed")
             self.metrics.count_step_error()
+            if errors_if_this_fails >= MAX_CONSECUTIVE_STEP_ERRORS:
+                # mark the engine dead before the failed requests hear about it, so a client that
+                # got the error never sees a still-"alive" engine
+                self._die(f"{errors_if_this_fails} engine steps in a row raised")
             error = APIError(500, f"the engine failed while generating: {e!r}")
             failed = [(sink.queue, (rid, error)) for rid, sink in self._sinks.items()]
             self._sinks.clear()
