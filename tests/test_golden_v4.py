@@ -6,7 +6,6 @@ from deepinfer.config import ModelConfig
 from deepinfer.worker.worker import build_model
 from model_helpers import run_batch, run_chunks
 
-PROMPT_LENS = (40, 100, 260)  # 260 > 4 * 64 entries would exceed index_topk; 259 is the exact-parity limit
 
 
 @pytest.fixture(scope="module")

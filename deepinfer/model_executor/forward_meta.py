@@ -105,7 +105,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
     tables = torch.tensor([list(c.block_table) + [0] * (max_blocks - len(c.block_table)) for c in chunks],
                           dtype=torch.long).reshape(nb, max_blocks)
 
-    tok_ctx, tok_start, tok_slot = ctx[token_seq], start[token_seq], slot[token_seq]
+    tok_slot = slot[token_seq]
     end_pos = (ctx + new)[token_seq]
 
     def addr(p: torch.Tensor, ring: int, ring_rows: int, seq_of=None) -> torch.Tensor:
