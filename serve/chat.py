@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from serve.chat_template import ROLES, ChatTurn, render_chat
 from serve.completions import check_length
 from serve.errors import APIError, bad_request, not_implemented, sse_error_event
-from serve.generation import EnginePrompt, Generation, unless_disconnected
+from serve.generation import EnginePrompt, Generation, respond
 from serve.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from serve.responses import SSE_DONE, ChoiceState, chat_logprobs, new_id, now_s, sse, usage
 from serve.state import ServerState
@@ -39,19 +38,8 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     ctx = _Context(req, state, len(token_ids), new_id("chatcmpl"))
     state.check_capacity(1)
     gen = Generation(state.engine_loop, ctx.id, [EnginePrompt(token_ids, text)], [params])
-    try:
-        await gen.start()
-    except BaseException:
-        gen.abort()
-        raise
-    if req.stream:
-        return StreamingResponse(_stream(ctx, gen), media_type="text/event-stream",
-                                 background=BackgroundTask(gen.abort))
-    try:
-        finals = await unless_disconnected(request, gen.collect())
-    finally:
-        gen.abort()
-    return JSONResponse(_full_response(ctx, finals[0]))
+    return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
+                         lambda finals: _full_response(ctx, finals[0]))
 
 
 def _turn(i: int, m: ChatMessage) -> ChatTurn:

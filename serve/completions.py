@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serve.errors import APIError, bad_request, sse_error_event
-from serve.generation import EnginePrompt, Generation, unless_disconnected
+from serve.generation import EnginePrompt, Generation, respond
 from serve.protocol import MAX_CHOICES, MAX_PROMPTS, CompletionRequest, parse_body
 from serve.responses import (SSE_DONE, ChoiceState, completion_logprobs, new_id, now_s, sse,
                              usage)
@@ -36,19 +35,8 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     params = [req.sampling_params(m, req.logprobs) for m in max_tokens]
     state.check_capacity(len(prompts))
     gen = Generation(state.engine_loop, ctx.id, prompts, params)
-    try:
-        await gen.start()
-    except BaseException:
-        gen.abort()
-        raise
-    if req.stream:
-        return StreamingResponse(_stream(ctx, gen), media_type="text/event-stream",
-                                 background=BackgroundTask(gen.abort))
-    try:
-        finals = await unless_disconnected(request, gen.collect())
-    finally:
-        gen.abort()
-    return JSONResponse(_full_response(ctx, finals))
+    return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
+                         lambda finals: _full_response(ctx, finals))
 
 
 def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serve.engine_loop import EngineLoop
 from serve.errors import APIError, bad_request
@@ -112,3 +114,22 @@ async def unless_disconnected(request: Request, coro):
     if work.done() and not work.cancelled():
         return work.result()
     raise ClientDisconnected()
+
+
+async def respond(request: Request, gen: Generation, stream, full) -> Response:
+    """Start `gen`, then answer with `stream(gen)` as SSE (when `stream` is given) or with the JSON
+    body `full(finals)` once every output finished. The engine request is aborted however the
+    handler ends: start failure, client disconnect, or a stream closed early."""
+    try:
+        await gen.start()
+    except BaseException:
+        gen.abort()
+        raise
+    if stream is not None:
+        return StreamingResponse(stream(gen), media_type="text/event-stream",
+                                 background=BackgroundTask(gen.abort))
+    try:
+        finals = await unless_disconnected(request, gen.collect())
+    finally:
+        gen.abort()
+    return JSONResponse(full(finals))
