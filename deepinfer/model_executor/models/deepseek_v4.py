@@ -201,42 +201,41 @@ class Attention(nn.Module):
                 self.indexer = Indexer(cfg, layer, dtype)
 
     # -- compressed-entry production ---------------------------------------------------------
-    def _compress(self, h_src: torch.Tensor, ctx: _StepContext, io: LayerIO):
-        cfg, step = self.cfg, ctx.step
-        meta = step.comp[self.comp_key]
-        v41 = cfg.is_v41
-        comp: Compressor = self.compressor
-        rows = comp.project(h_src, step.positions, fp32_out=v41)
-        state = io.state
+    def _pool(self, comp: "Compressor", rows: torch.Tensor, state: torch.Tensor, meta, ctx: _StepContext,
+              out_dtype: torch.dtype) -> torch.Tensor | None:
+        """Pool the windows that complete this step from cat([state ring, this step's rows]) into
+        normalised pre-RoPE entries (None when none completes), and save the rows later windows need."""
         latent = None
         if meta.entry_dst.numel():
             c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width,
                                         comp.overlap)
-            pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(h_src.dtype)
-            latent = ctx.k.rms_norm(pooled, comp.norm.weight, cfg.rms_norm_eps)
-            cos, sin = ctx.entry_rope(self.comp_key)
-            io.entries[meta.entry_dst] = io.fmt.entries.encode(ctx.k.rope(latent, cos, sin))
+            pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(out_dtype)
+            latent = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
-        if not v41 and self.is_index_source:
-            self._compress_v4_index(h_src, ctx, meta, io)
-        if v41 and latent is not None and hasattr(self, "indexer") and hasattr(self.indexer, "wk"):
-            k = ctx.k.rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight, cfg.rms_norm_eps)
-            cos, sin = ctx.entry_rope(self.comp_key)
-            io.index_keys[meta.entry_dst] = io.fmt.index.encode(ctx.k.rope(k, cos, sin))
+        return latent
 
-    def _compress_v4_index(self, h: torch.Tensor, ctx: _StepContext, meta, io: LayerIO):
-        comp: Compressor = self.indexer.compressor
-        rows = comp.project(h, ctx.step.positions, fp32_out=False)
-        state = io.index_state
-        if meta.entry_dst.numel():
-            c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width, True)
-            pooled = ctx.k.compress_pool(c, z, meta.src_valid)
-            k = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
-            cos, sin = ctx.entry_rope(self.comp_key)
-            io.index_keys[meta.entry_dst] = io.fmt.index.encode(ctx.k.rope(k, cos, sin))
-        if meta.state_dst.numel():
-            state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
+    def _compress(self, h_src: torch.Tensor, ctx: _StepContext, io: LayerIO):
+        cfg, step = self.cfg, ctx.step
+        meta = step.comp[self.comp_key]
+        rows = self.compressor.project(h_src, step.positions, fp32_out=cfg.is_v41)
+        latent = self._pool(self.compressor, rows, io.state, meta, ctx, h_src.dtype)
+        cos, sin = ctx.entry_rope(self.comp_key)
+        if latent is not None:
+            io.entries[meta.entry_dst] = io.fmt.entries.encode(ctx.k.rope(latent, cos, sin))
+        if not cfg.is_v41 and self.is_index_source:
+            # V4 index keys: the indexer's own overlapping compressor over the same windows
+            icomp = self.indexer.compressor
+            irows = icomp.project(h_src, step.positions, fp32_out=False)
+            keys = self._pool(icomp, irows, io.index_state, meta, ctx, h_src.dtype)
+        elif cfg.is_v41 and latent is not None and hasattr(self, "indexer") and hasattr(self.indexer, "wk"):
+            # V4.1 index keys: projected from the pre-RoPE latent
+            keys = ctx.k.rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight,
+                                  cfg.rms_norm_eps)
+        else:
+            keys = None
+        if keys is not None:
+            io.index_keys[meta.entry_dst] = io.fmt.index.encode(ctx.k.rope(keys, cos, sin))
 
     # -- sparse selection ----------------------------------------------------------------------
     def _select(self, h: torch.Tensor, cq: torch.Tensor, ctx: _StepContext, meta, io: LayerIO) -> torch.Tensor:
