@@ -30,8 +30,7 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
                 platform=None) -> DeepseekV4Model:
     from deepinfer.model_executor.loader import load_checkpoint
     model = DeepseekV4Model(model_config, dtype, platform=platform)
-    load_checkpoint(model, model_dir, dtype, progress=progress)
-    model.post_load()
+    load_checkpoint(model, model_dir, dtype, progress=progress)  # also runs model.post_load()
     model.eval()
     if platform is not None and platform.device.type != "cpu":
         model.to(platform.device)
