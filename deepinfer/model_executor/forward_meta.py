@@ -14,6 +14,7 @@ Cache addressing (see worker/cache_engine.py):
 Rows that belong to the current step's new tokens are addressed past the end of the ring
 (`ring_rows + flat token index`), so attention reads `cat([ring, new_rows])[idx]`.
 """
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +60,8 @@ class StepInputs:
     ring_rows: int                # num_slots * W
     comp: dict = field(default_factory=dict)  # (ratio, ring, overlap) -> CompressMeta
     ngram_ids: torch.Tensor | None = None      # [T, N] compressed ids of tokens t, t-1, ... (pad before start)
+    static_shapes: bool = False                # padded to a bucket (worker/static_step.py): the forward
+                                               # must use fixed-shape, sync-free kernels (routed MoE)
 
     @property
     def num_tokens(self) -> int:
@@ -168,3 +171,17 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
                       logits_indices=logits_indices, swa_idx=swa_idx, swa_valid=swa_valid,
                       swa_write_src=swa_write_src, swa_write_dst=swa_write_dst, ring_rows=ring_rows,
                       comp=comp, ngram_ids=ngram_ids)
+
+
+def step_to(step: StepInputs, device) -> StepInputs:
+    """Copy every tensor of a step to `device` (no-op when the step is there already)."""
+    device = torch.device(device)
+    if step.input_ids.device == device:
+        return step
+
+    def move(v):
+        return v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+    comp = {k: dataclasses.replace(m, **{f.name: move(getattr(m, f.name)) for f in dataclasses.fields(m)})
+            for k, m in step.comp.items()}
+    fields = {f.name: move(getattr(step, f.name)) for f in dataclasses.fields(step) if f.name != "comp"}
+    return dataclasses.replace(step, comp=comp, **fields)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, StepInputs, build_step_inputs
+from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, StepInputs, build_step_inputs, step_to
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,17 @@ class GraphRunner:
     def __init__(self, model, layout: CacheLayout):
         self.model = model
         self.layout = layout
+        # metadata is built on the host and copied to the model's device once per step
+        param = next(model.parameters(), None) if model is not None else None
+        self.device = param.device if param is not None else torch.device("cpu")
+
+    @classmethod
+    def for_platform(cls, platform):
+        """The class with `platform` bound (what a platform's graph_runner_cls returns)."""
+        def make(model, layout, **kw):
+            return cls(model, layout, platform=platform, **kw)
+        make.__name__ = cls.__name__
+        return make
 
     def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
         return None
@@ -45,7 +56,7 @@ class GraphRunner:
 
     def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         bucket = self.select_bucket(chunks)
-        return build_step_inputs(self.pad(chunks, bucket), self.layout), bucket
+        return step_to(build_step_inputs(self.pad(chunks, bucket), self.layout), self.device), bucket
 
     def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         raise NotImplementedError

@@ -103,7 +103,8 @@ class Worker:
         batch = SamplingBatch.build([s.seq.sampling_params for s in rows],
                                     [len(s.seq.token_ids) for s in rows],
                                     seeds=[s.seq.seed for s in rows],
-                                    banned_ids_per_row=[self._banned(s.seq) for s in rows])
+                                    banned_ids_per_row=[self._banned(s.seq) for s in rows],
+                                    device=logits.device)
         out = self.sampler.forward(logits, batch)
         t3 = time.perf_counter()
         self.last_prepare_s, self.last_forward_s, self.last_sample_s = t1 - t0, t2 - t1, t3 - t2

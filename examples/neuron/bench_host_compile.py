@@ -30,7 +30,7 @@ def bench_kind(kind: str, args) -> dict:
     from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
     from deepinfer.neuron_ops.regions import RegionRunner
     from deepinfer.platforms.cpu import CpuPlatform
-    from deepinfer.platforms.neuron.buckets import BucketSpec
+    from deepinfer.worker.static_step import BucketSpec
     from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
     from deepinfer.platforms.neuron.platform import NeuronPlatform
     from deepinfer.worker.graph_runner import EagerRunner

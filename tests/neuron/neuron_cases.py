@@ -33,6 +33,8 @@ def kernel_args():
         "compress_pool": ((rnd(e, 4, d), rnd(e, 4, d), _valid(e, 4)), {}),
         "moe_experts": ((rnd(t, d), idx, torch.rand(t, 2, generator=g), rnd(6, 16, d) * 0.2, rnd(6, d, 8) * 0.2,
                          10.0), {}),
+        "moe_experts_static": ((rnd(t, d), idx, torch.rand(t, 2, generator=g), rnd(6, 16, d) * 0.2,
+                                rnd(6, d, 8) * 0.2, 10.0), {}),
         "expert_mlp": ((rnd(t, d), rnd(8, d), rnd(8, d), rnd(d, 8), 10.0), {}),
         "engram_gate": ((rnd(t, n, d), rnd(t, (n + 1) * d), rnd(n, d), rnd(n, d), 1e-6), {}),
         "swiglu": ((rnd(t, 8) * 6, rnd(t, 8) * 6, 7.0), {}),

@@ -2,7 +2,8 @@
 import pytest
 
 from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, build_step_inputs
-from deepinfer.platforms.neuron.buckets import BucketSpec, batch_buckets, entry_cap, pad_step
+from deepinfer.platforms.neuron.buckets import batch_buckets
+from deepinfer.worker.static_step import BucketSpec, entry_cap, pad_step
 from deepinfer.worker.graph_runner import Bucket, GraphRunner
 
 

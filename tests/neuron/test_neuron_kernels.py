@@ -1,12 +1,11 @@
 """Neuron kernel table: every host kernel (custom op) equals its reference and its fake shape
-function matches (opcheck); fixed-shape MoE == the CPU MoE; blockquant GEMMs; trn2 fp8; NKI stubs."""
+function matches (opcheck); both MoE names are the fixed-shape form; blockquant GEMMs; trn2 fp8; NKI stubs."""
 import pytest
 import torch
 
 from deepinfer.model_executor.layers import moe, quant
 from deepinfer.neuron_ops import fp8, kernels, nki
-from deepinfer.neuron_ops.static_moe import static_moe_experts
-from neuron_cases import g, kernel_args, rnd
+from neuron_cases import kernel_args, rnd
 
 ARGS = kernel_args()
 
@@ -34,28 +33,11 @@ def test_model_kernels_keep_the_cpu_references():
             assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_static_moe_equals_routed_experts(dtype, tol):
-    t, d, e, inter, k = 9, 32, 6, 8, 2
-    x = rnd(t, d, dtype=dtype)
-    idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    idx[3] = torch.tensor([5, 0])  # unsorted ids
-    w = torch.rand(t, k, generator=g)
-    w13, w2 = (rnd(e, 2 * inter, d) * 0.3).to(dtype), (rnd(e, d, inter) * 0.3).to(dtype)
-    got = static_moe_experts(x, idx, w, w13, w2, 4.0)
-    want = moe.routed_experts(x, idx, w, w13, w2, 4.0)
-    assert got.dtype == dtype
-    assert (got.float() - want.float()).abs().max().item() <= tol * want.float().abs().max().item()
-    # a row's output depends on its own experts only: zeroing another row's weights changes nothing
-    w2_ = w.clone()
-    w2_[0] = 0
-    assert torch.allclose(static_moe_experts(x, idx, w2_, w13, w2, 4.0)[1:], got[1:])
-
-
-def test_static_moe_compiles_fullgraph_without_syncs():
-    f = torch.compile(static_moe_experts, backend="aot_eager", fullgraph=True, dynamic=False)
+def test_every_moe_name_is_the_fixed_shape_form():
     args, _ = ARGS["moe_experts"]
-    assert torch.allclose(f(*args), static_moe_experts(*args))
+    want = moe.dense_local_experts(*args)
+    for name in ("moe_experts", "moe_experts_static"):
+        assert torch.equal(kernels.reference(name)(*args), want)
 
 
 def test_blockquant_references_match_dequantized_matmul():

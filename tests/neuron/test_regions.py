@@ -11,12 +11,12 @@ from torch._dynamo.utils import counters
 from deepinfer.config import ModelConfig
 from deepinfer.neuron_ops.regions import RegionRunner, layer_kind
 from deepinfer.platforms.cpu import CpuPlatform
-from deepinfer.platforms.neuron.buckets import BucketSpec
+from deepinfer.worker.static_step import BucketSpec
 from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
 from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.worker.graph_runner import EagerRunner
 from deepinfer.worker.worker import build_model
-from neuron_helpers import Seqs, tiny_config, tiny_model
+from model_helpers import Seqs, tiny_config, tiny_model
 
 PROMPTS = [[0, 17, 400, 9, 3000, 5, 6, 7, 8, 12, 13], [0, 55, 66, 77, 88]]
 # V4: prompt steps padded to 16 tokens, decode steps to 2 rows: buckets (16, 64) and (2, 64).

@@ -15,6 +15,7 @@ _REFERENCES = {
     "index_scores": indexer.index_scores,
     "compress_pool": compressor.pool_entries,
     "moe_experts": moe.routed_experts,
+    "moe_experts_static": moe.static_routed_experts,   # padded steps (StepInputs.static_shapes)
     "expert_mlp": moe.expert_mlp,
     "engram_gate": engram.engram_gate,
 }

@@ -84,3 +84,58 @@ def _looped_experts(x, idx, weights, w13, w2, limit):
         out.index_add_(0, rows, y.float() * wts[pos:pos + n, None])
         pos += n
     return out.to(x.dtype)
+
+
+# -- fixed-shape routed experts ---------------------------------------------------------------------
+# The forms above size their work from the routing (bincount, `.tolist()`, a capacity from
+# `counts.max()`): host syncs and data-dependent shapes, which neither a captured CUDA graph nor a
+# Neuron graph can hold. The forms below depend only on (T, k, E): same argument list, same output
+# contract, same rounding points (expert outputs in x's dtype, weighted sum in fp32, one final cast).
+
+def combine_weights(idx: torch.Tensor, weights: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """[T, E] fp32: row t holds weights[t, j] at column idx[t, j] (scatter-add: duplicates add up)."""
+    comb = torch.zeros(idx.shape[0], n_experts, dtype=torch.float32, device=weights.device)
+    return comb.scatter_add(1, idx.long(), weights.float())
+
+
+def dense_local_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                        w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """Every expert on every row, weighted by a [T, E] combine matrix (Neuron's form, design.md §5.5):
+    E/k times the FLOPs of the routed work, but plain batched GEMMs any backend compiles."""
+    n_experts, inter = w13.shape[0], w2.shape[2]
+    comb = combine_weights(idx, weights, n_experts)                 # [T, E]
+    gu = torch.matmul(x.unsqueeze(0), w13.transpose(1, 2))          # [E, T, 2I] in x's dtype
+    h = swiglu(gu[..., :inter], gu[..., inter:], limit)
+    y = torch.matmul(h, w2.transpose(1, 2))                         # [E, T, D]
+    out = (comb.t().unsqueeze(-1) * y.float()).sum(dim=0)
+    return out.to(x.dtype)
+
+
+def grouped_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                           w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """The routed work only: the T*k (token, expert) rows sorted by expert, one grouped GEMM per
+    projection with the group ends computed on the device (`torch._grouped_mm`, bf16), so no count
+    ever reaches the host."""
+    t, k = idx.shape
+    n_experts, inter = w13.shape[0], w2.shape[2]
+    flat = idx.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(n_experts, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    rows = x[order // k]                                            # [T*k, D]
+    gu = torch._grouped_mm(rows, w13.transpose(1, 2), offs=ends)    # [T*k, 2I]
+    h = swiglu(gu[:, :inter], gu[:, inter:], limit)
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=ends)         # [T*k, D]
+    contrib = torch.empty(t * k, x.shape[1], dtype=torch.float32, device=x.device)
+    contrib[order] = y.float() * weights.reshape(-1)[order, None].float()
+    return contrib.view(t, k, -1).sum(dim=1).to(x.dtype)
+
+
+def static_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                          w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """Fixed-shape routed experts: grouped GEMMs where torch has them for x's dtype (bf16), else the
+    dense form."""
+    if x.dtype == torch.bfloat16 and w13.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+        return grouped_static_experts(x, idx, weights, w13, w2, limit)
+    return dense_local_experts(x, idx, weights, w13, w2, limit)

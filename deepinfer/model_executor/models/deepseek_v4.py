@@ -349,13 +349,14 @@ class MoE(nn.Module):
             w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
         self._w13, self._w2 = w13, w2
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k, static_shapes: bool = False) -> torch.Tensor:
         if self._w13 is None:
             self.pack()
         hashed = self.gate.tid2eid[token_ids] if self.hashed else None
         bias = None if self.hashed else self.gate.bias
         idx, w = route(x, self.gate.weight, bias, self.topk, self.cfg.routed_scaling_factor, hashed)
-        y = k.moe_experts(x, idx, w, self._w13, self._w2, self.cfg.swiglu_limit)
+        experts = k.moe_experts_static if static_shapes else k.moe_experts
+        y = experts(x, idx, w, self._w13, self._w2, self.cfg.swiglu_limit)
         s = self.shared_experts
         return y + k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, self.cfg.swiglu_limit)
 
@@ -457,7 +458,7 @@ class DecoderLayer(nn.Module):
         pre2, post2, comb2 = k.hc_mixes(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, eps, he, it)
         u = k.hc_pre(x, pre if cfg.hc_shifted else pre2)
         h = ctx.k.rms_norm(u, self.ffn_norm.weight, eps)
-        x = k.hc_post(x, self.ffn(h, ctx.step.input_ids, k), post2, comb2)
+        x = k.hc_post(x, self.ffn(h, ctx.step.input_ids, k, ctx.step.static_shapes), post2, comb2)
         return x, pre2
 
 

@@ -4,8 +4,8 @@ Each reference is registered as a `torch.library` custom op (namespace `deepinfe
 fake (shape-only) implementation, so a host-mode region graph holds one node per kernel, as a device
 graph holds one NKI call (neuron.md §3.1), and tracing never runs the reference's math on fake
 tensors (tests/neuron/test_kernels.py checks every fake against the reference with opcheck). The math is not
-copied: the model's layer functions are the references; only the fixed-shape MoE is Neuron's own
-formulation (neuron_ops/static_moe.py).
+copied: the model's layer functions are the references; the routed MoE is the fixed-shape dense form
+(layers/moe.py `dense_local_experts`), the one a Neuron graph can hold.
 """
 from typing import Optional
 
@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from deepinfer.model_executor.layers import attention, compressor, engram, hc, indexer, moe, norm, rope
-from deepinfer.neuron_ops import static_moe
 from deepinfer.neuron_ops.refs import blockquant
 
 _NS = "deepinfer_neuron"
@@ -89,7 +88,7 @@ def _compress_pool(c: Tensor, z: Tensor, valid: Tensor) -> Tensor:
 
 
 def _moe_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w2: Tensor, limit: float) -> Tensor:
-    return static_moe.static_moe_experts(x, idx, weights, w13, w2, limit)
+    return moe.dense_local_experts(x, idx, weights, w13, w2, limit)
 
 
 def _expert_mlp(x: Tensor, w1: Tensor, w3: Tensor, w2: Tensor, limit: float) -> Tensor:

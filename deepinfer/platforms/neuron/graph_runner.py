@@ -12,8 +12,8 @@ import logging
 
 import torch
 
-from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs
-from deepinfer.platforms.neuron.buckets import BucketSpec, pad_step, step_to
+from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
+from deepinfer.worker.static_step import BucketSpec, pad_step
 from deepinfer.worker.graph_runner import Bucket, GraphRunner
 
 logger = logging.getLogger(__name__)
@@ -39,14 +39,6 @@ class NeuronGraphRunner(GraphRunner):
             self.fp8_guard = Fp8Guard()
         self._fp8_logged: set[str] = set()
         self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
-
-    @classmethod
-    def for_platform(cls, platform):
-        """The class bound to a platform (what NeuronPlatform.graph_runner_cls returns)."""
-        def make(model, layout, **kw):
-            return cls(model, layout, platform=platform, **kw)
-        make.__name__ = cls.__name__
-        return make
 
     def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
         return self.buckets.select(chunks)

@@ -115,7 +115,8 @@ class NeuronPlatform(Platform):
         return NeuronGraphRunner.for_platform(self)
 
     def bucket_spec(self, max_num_seqs: int):
-        from deepinfer.platforms.neuron.buckets import BucketSpec, batch_buckets
+        from deepinfer.platforms.neuron.buckets import batch_buckets
+        from deepinfer.worker.static_step import BucketSpec
         lim = self.engine_limits
         prefill = self.prefill_bucket
         if prefill is None and lim.get("max_num_batched_tokens") is not None:

@@ -49,10 +49,10 @@ def test_nki_kernel_matches_reference(platform, name):
 
 
 def test_region_graphs_compile_on_device_and_match_host(platform):
-    from deepinfer.platforms.neuron.buckets import BucketSpec
+    from deepinfer.worker.static_step import BucketSpec
     from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
     from deepinfer.platforms.neuron.platform import NeuronPlatform
-    from neuron_helpers import Seqs, tiny_config, tiny_model
+    from model_helpers import Seqs, tiny_config, tiny_model
     cfg = tiny_config("v4", 2)
     host = tiny_model(cfg, NeuronPlatform(host=True))
     dev = tiny_model(cfg, platform, like=host).to(platform.device)

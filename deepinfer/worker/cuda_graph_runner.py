@@ -1,0 +1,160 @@
+"""CudaGraphRunner: decode steps replayed from CUDA graphs, one per (row bucket, context bucket).
+
+As in DeepSeek's engine (upstream-engine.md §2.4), only decode steps replay a graph; steps with a
+prompt chunk run eagerly. Per decode step: pick the bucket (worker/static_step.py BucketSpec with
+the CUDA row buckets), pad the chunks with placeholder rows (scratch slot 0 / block 0), build the
+metadata on the host, give every data-dependent length a static size (`pad_step`, logits rows
+included), copy it into the bucket's persistent device buffers and replay. The model sees
+`StepInputs.static_shapes`, so its routed MoE takes the fixed-shape kernel ("moe_experts_static":
+no bincount, no `.tolist()`); every other op of the forward is sync-free already
+(tests/test_cuda_graph_runner.py runs a padded step on meta tensors, which raise on any host read).
+
+A bucket's graph is captured the first time a step needs it, from a step of placeholder rows only:
+the warm-up and the capture read and write nothing but the scratch slot and block. All graphs share
+one memory pool; they are replayed one at a time, and each replay's logits are consumed before the
+next. The logits a replay returns live in the graph's output buffer: valid until the next step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
+from deepinfer.worker.graph_runner import Bucket, GraphRunner
+from deepinfer.worker.static_step import BucketSpec, pad_step, static_signature
+
+logger = logging.getLogger(__name__)
+
+# Eager forwards on a side stream before a capture: the first one initializes lazily created state
+# (cuBLAS handles and workspaces, cached per-device tables) outside the capture.
+WARMUP_RUNS = 2
+
+
+def cuda_batch_buckets(max_num_seqs: int, interval: int = 8) -> tuple[int, ...]:
+    """Powers of two up to `interval`, then every `interval` rows, until max_num_seqs is covered
+    (upstream-engine.md §2.4: 1, 2, 4, 8, 16, 24, ...)."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs: must be >= 1, got {max_num_seqs}")
+    out, b = [1], 1
+    while b < max_num_seqs:
+        b = b * 2 if b * 2 <= interval else b + interval
+        out.append(b)
+    return tuple(out)
+
+
+class CudaGraphCapture:
+    """Captures a callable into a torch.cuda.CUDAGraph; every graph of a runner shares one pool."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.pool = None
+
+    def __call__(self, fn):
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP_RUNS):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        if self.pool is None:
+            self.pool = graph.pool()
+        return graph.replay, out
+
+
+class HostReplay:
+    """Stand-in for CudaGraphCapture where no GPU is present (tests): "replay" runs the captured
+    callable again. It keeps everything else of the runner real (buckets, placeholder capture,
+    persistent input buffers refilled each step, fixed-shape kernels, the output buffer), so a field
+    the runner forgot to refill shows up as wrong tokens on CPU. It does not prove capturability;
+    the meta-tensor test and the GPU tests do."""
+
+    def __call__(self, fn):
+        out = fn()
+        holder = {"out": out}
+
+        def replay():
+            holder["out"].copy_(fn())
+        return replay, out
+
+
+@dataclasses.dataclass
+class _Graph:
+    inputs: StepInputs      # persistent device buffers the graph reads
+    output: torch.Tensor    # persistent logits buffer the graph writes: [bucket tokens, vocab]
+    replay: object
+    signature: tuple
+    cache: object           # the cache the graph was captured against (it writes into it)
+
+
+def _copy_into(dst, src) -> None:
+    """Refill a graph's input buffers from a host-built step of the same signature."""
+    for f in dataclasses.fields(dst):
+        d, s = getattr(dst, f.name), getattr(src, f.name)
+        if isinstance(d, torch.Tensor):
+            d.copy_(s, non_blocking=True)
+        elif isinstance(d, dict):
+            for key in d:
+                _copy_into(d[key], s[key])
+
+
+class CudaGraphRunner(GraphRunner):
+    def __init__(self, model, layout, platform=None, buckets: BucketSpec | None = None, capture=None):
+        super().__init__(model, layout)
+        if buckets is None:
+            if platform is None:
+                from deepinfer.platforms.cuda import CudaPlatform
+                platform = CudaPlatform()
+            buckets = platform.bucket_spec(max_num_seqs=layout.num_slots - 1)
+        if buckets.prefill_tokens is not None:
+            raise ValueError("CudaGraphRunner: graphs are for decode steps; prefill_tokens must be None")
+        self.buckets = buckets
+        self.capture = capture if capture is not None else CudaGraphCapture(self.device)
+        self.graphs: dict[Bucket, _Graph] = {}
+        self.eager_steps = 0
+        self.replays = 0
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.graphs)
+
+    def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
+        return self.buckets.select(chunks)
+
+    def _static(self, chunks: list[SeqChunk], bucket: Bucket) -> StepInputs:
+        step = build_step_inputs(self.pad(chunks, bucket), self.layout)
+        return pad_step(step, bucket, self.buckets.seqs_bound, logits_rows=bucket.num_tokens)
+
+    def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
+        bucket = self.select_bucket(chunks)
+        if bucket is None:
+            return step_to(build_step_inputs(chunks, self.layout), self.device), None
+        return self._static(chunks, bucket), bucket   # host tensors: execute copies them into the buffers
+
+    def _capture(self, bucket: Bucket, cache) -> _Graph:
+        placeholder = self._static([], bucket)
+        inputs = step_to(placeholder, self.device)   # on CPU (tests) the placeholder's own tensors
+        replay, output = self.capture(lambda: self.model(inputs, cache))
+        logger.info("captured a decode graph for %d rows, context %d", bucket.num_tokens, bucket.context)
+        return _Graph(inputs, output, replay, static_signature(placeholder), cache)
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+        if bucket is None:
+            self.eager_steps += 1
+            return self.model(step, cache)
+        graph = self.graphs.get(bucket)
+        if graph is None:
+            graph = self.graphs[bucket] = self._capture(bucket, cache)
+        if graph.cache is not cache:
+            raise RuntimeError("CudaGraphRunner: a graph replays against the cache it was captured with")
+        if static_signature(step) != graph.signature:
+            raise RuntimeError(f"CudaGraphRunner: step does not match the graph of bucket {bucket}")
+        _copy_into(graph.inputs, step)
+        graph.replay()
+        self.replays += 1
+        return graph.output

@@ -1,0 +1,157 @@
+"""Static-shape steps shared by the graph runners (CUDA graphs, Neuron region graphs; design.md §5.1, §5.3).
+
+A static step's graphs depend only on (tokens T, context limit C): T is the batch bucket for decode
+steps (the platform's row buckets) or the prefill bucket for steps with a prompt chunk
+(prompt-as-decode: every token gets decode-layout metadata, padded with placeholder rows), and C
+is the smallest context bucket that holds every sequence. `pad_step` then gives every
+data-dependent length of `StepInputs` a static size:
+- SWA and compressor-state writes: T (extra writes go to scratch slot 0);
+- new compressed entries: `entry_cap(T, m)` (extra entries pool scratch rows into block 0);
+- visible-entry tables [T, maxE]: C // m columns (extra columns invalid, pointing at row 0).
+- logits rows: optionally a fixed count (a whole-forward graph returns the same shape every step);
+  extra rows read token 0 and are sliced off by the runner.
+Padding only ever reads finite scratch rows and writes slot 0 / block 0, never a real sequence's.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer.model_executor.forward_meta import CompressMeta, SeqChunk, StepInputs
+from deepinfer.worker.graph_runner import Bucket
+
+MIN_CONTEXT_BUCKET = 64  # smallest default context bucket (tiny prompts do not each get a graph)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def entry_cap(num_tokens: int, ratio: int, seqs_bound: int) -> int:
+    """Upper bound of new compressed entries in a T-token step: a sequence feeding n tokens closes
+    at most n // m + 1 entries and at most n, and a step holds at most `seqs_bound` sequences."""
+    return min(num_tokens, seqs_bound + num_tokens // ratio)
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    batch: tuple[int, ...]                # decode row buckets
+    contexts: tuple[int, ...] | None      # explicit context buckets (DEEPINFER_NEURON_CTX_BUCKETS)
+    prefill_tokens: int | None            # prompt-chunk bucket (DEEPINFER_NEURON_PREFILL_BUCKET); None: eager
+    max_model_len: int | None = None
+    env_prefix: str = "DEEPINFER_NEURON"  # names the settings in error messages
+
+    def __post_init__(self):
+        if not self.batch or any(b < 1 for b in self.batch):
+            raise ValueError(f"batch buckets: must be positive, got {self.batch}")
+        if self.contexts is not None and (not self.contexts or any(c < 1 for c in self.contexts)):
+            raise ValueError(f"{self.env_prefix}_CTX_BUCKETS: must be positive integers, got {self.contexts}")
+        if self.prefill_tokens is not None and self.prefill_tokens < 2:
+            raise ValueError(f"{self.env_prefix}_PREFILL_BUCKET: must be >= 2, got {self.prefill_tokens}")
+        if self.contexts is not None and self.max_model_len is not None and max(self.contexts) < self.max_model_len:
+            raise ValueError(f"{self.env_prefix}_CTX_BUCKETS: the largest bucket ({max(self.contexts)}) must be "
+                             f">= max_model_len ({self.max_model_len})")
+
+    @property
+    def seqs_bound(self) -> int:
+        """Most sequences a padded step can hold (real rows plus one prefill placeholder)."""
+        return max(self.batch) + 1
+
+    def context_bucket(self, need: int) -> int | None:
+        if self.contexts is not None:
+            return next((c for c in sorted(self.contexts) if c >= need), None)
+        c = max(MIN_CONTEXT_BUCKET, next_pow2(need))
+        if self.max_model_len is not None and need <= self.max_model_len:
+            c = min(c, max(self.max_model_len, MIN_CONTEXT_BUCKET))
+        return c
+
+    def select(self, chunks: list[SeqChunk]) -> Bucket | None:
+        """The bucket a step runs in, or None when it fits none (the runner then runs it eagerly)."""
+        if not chunks:
+            return None
+        n = len(chunks)
+        tokens = sum(c.num_new for c in chunks)
+        need = max(c.ctx_len + c.num_new for c in chunks)
+        if all(c.num_new == 1 for c in chunks):
+            rows = next((b for b in self.batch if b >= n), None)
+            if rows is None:
+                return None
+            seqs, num_tokens = rows, rows
+        else:
+            p = self.prefill_tokens
+            if p is None or tokens > p:
+                return None
+            seqs, num_tokens = n + (1 if tokens < p else 0), p
+            need = max(need, p - tokens)  # the placeholder chunk's own positions
+        ctx = self.context_bucket(need)
+        if ctx is None:
+            return None
+        return Bucket(num_seqs=seqs, num_tokens=num_tokens, context=ctx)
+
+
+def _pad_writes(src: torch.Tensor, dst: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    extra = n - src.numel()
+    if extra < 0:
+        raise ValueError(f"{what}: {src.numel()} writes exceed the static size {n}")
+    # row 0 of a ring is slot 0 (scratch); source token 0 always exists
+    return F.pad(src, (0, extra)), F.pad(dst, (0, extra))
+
+
+def _pad_meta(m: CompressMeta, num_tokens: int, context: int, seqs_bound: int) -> CompressMeta:
+    cap = entry_cap(num_tokens, m.ratio, seqs_bound)
+    extra = cap - m.entry_dst.numel()
+    if extra < 0:
+        raise ValueError(f"compressor ratio {m.ratio}: {m.entry_dst.numel()} new entries exceed the cap {cap}")
+    width = context // m.ratio
+    if m.vis_idx.shape[1] > width:
+        raise ValueError(f"compressor ratio {m.ratio}: {m.vis_idx.shape[1]} visible entries exceed the "
+                         f"context bucket {context}")
+    grow = width - m.vis_idx.shape[1]
+    state_src, state_dst = _pad_writes(m.state_src, m.state_dst, num_tokens, f"ratio {m.ratio} state")
+    return dataclasses.replace(
+        m,
+        # pooled from scratch state row 0, all slots valid (an all-invalid softmax would be NaN)
+        src_idx=F.pad(m.src_idx, (0, 0, 0, extra)),
+        src_valid=F.pad(m.src_valid, (0, 0, 0, extra), value=True),
+        entry_pos=F.pad(m.entry_pos, (0, extra)),
+        entry_dst=F.pad(m.entry_dst, (0, extra)),          # row 0 = block 0 (scratch)
+        state_src=state_src, state_dst=state_dst,
+        vis_idx=F.pad(m.vis_idx, (0, grow)),
+        vis_valid=F.pad(m.vis_valid, (0, grow), value=False))
+
+
+def pad_step(step: StepInputs, bucket: Bucket, seqs_bound: int, logits_rows: int | None = None) -> StepInputs:
+    """Static-size copy of a step built from padded chunks (see the module docstring)."""
+    t = bucket.num_tokens
+    if step.num_tokens != t:
+        raise ValueError(f"step has {step.num_tokens} tokens, bucket {bucket} expects {t}")
+    src, dst = _pad_writes(step.swa_write_src, step.swa_write_dst, t, "SWA")
+    comp = {key: _pad_meta(m, t, bucket.context, seqs_bound) for key, m in step.comp.items()}
+    logits = step.logits_indices
+    if logits_rows is not None:
+        if logits.numel() > logits_rows:
+            raise ValueError(f"{logits.numel()} logits rows exceed the static size {logits_rows}")
+        logits = F.pad(logits, (0, logits_rows - logits.numel()))
+    return dataclasses.replace(step, swa_write_src=src, swa_write_dst=dst, comp=comp, logits_indices=logits,
+                               static_shapes=True)
+
+
+def static_signature(step: StepInputs) -> tuple:
+    """Everything a captured graph bakes in: each tensor's shape and dtype, every other field's value.
+    Two steps with equal signatures can replay the same graph."""
+    def fields(obj, prefix=""):
+        out = []
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if isinstance(v, torch.Tensor):
+                out.append((prefix + f.name, tuple(v.shape), v.dtype))
+            elif isinstance(v, dict):
+                for key in sorted(v, key=repr):
+                    out += fields(v[key], f"{prefix}{f.name}[{key!r}].")
+            else:
+                out.append((prefix + f.name, v))
+        return out
+    return tuple(fields(step))

@@ -1,0 +1,193 @@
+"""CudaGraphRunner: decode steps padded to (row, context) buckets and replayed from captured graphs.
+
+Without a GPU the runner runs with HostReplay in place of CUDA graph capture: buckets, placeholder
+capture, the persistent input buffers refilled every step, the fixed-shape MoE and the output
+buffer are all the real code, so the tokens must equal the eager runner's. Capturability is checked
+on meta tensors (no data: any host read, data-dependent shape or stray host tensor raises). The
+tests marked `cuda` run the real capture and replay where torch sees a GPU, and are skipped otherwise."""
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.config import ModelConfig
+from deepinfer.engine.llm_engine import LLMEngine
+from deepinfer.engine_config import EngineConfig
+from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs, step_to
+from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
+from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
+from deepinfer.worker.cuda_graph_runner import CudaGraphRunner, HostReplay, cuda_batch_buckets
+from deepinfer.worker.graph_runner import Bucket, EagerRunner, GraphRunner
+from deepinfer.worker.static_step import BucketSpec, pad_step
+from deepinfer.worker.worker import Worker, build_model
+from model_helpers import Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config, tiny_model
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+
+
+def test_cuda_batch_buckets():
+    assert cuda_batch_buckets(1) == (1,)
+    assert cuda_batch_buckets(3) == (1, 2, 4)
+    assert cuda_batch_buckets(8) == (1, 2, 4, 8)
+    assert cuda_batch_buckets(20) == (1, 2, 4, 8, 16, 24)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        cuda_batch_buckets(0)
+
+
+# -- capturability: a padded decode step on meta tensors ------------------------------------------
+
+def _meta_model(kind, dtype):
+    cfg = tiny_config(kind)
+    with torch.device("meta"):
+        model = DeepseekV4Model(cfg, dtype)
+    model.post_load()
+    return model
+
+
+def _decode_chunks():
+    return [SeqChunk(1, 37, 1, [1, 2, 3], list(range(40))), SeqChunk(2, 10, 1, [4], list(range(12)))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_padded_decode_step_needs_no_host_data(kind, dtype):
+    """The whole forward of a padded step (embedding to logits) on meta tensors: .item(), .tolist(),
+    nonzero, bincount, boolean indexing and CPU tensors mixed in all raise on meta, and each would
+    break a CUDA graph capture. The same step unpadded (routed MoE) must raise: the check bites."""
+    model = _meta_model(kind, dtype)
+    cfg = model.cfg
+    bs = default_block_size(cfg)
+    layout = cache_layout(cfg, 5, bs, model.engram_spec)
+    cache = allocate_cache(cfg, 5, 20, bs, dtype, device="meta")
+    spec = BucketSpec(batch=(1, 2, 4), contexts=None, prefill_tokens=None, max_model_len=256)
+    chunks = _decode_chunks()
+    bucket = spec.select(chunks)
+    runner = GraphRunner(model, layout)
+    step = pad_step(build_step_inputs(runner.pad(chunks, bucket), layout), bucket, spec.seqs_bound, logits_rows=4)
+    logits = model(step_to(step, "meta"), cache)
+    assert logits.shape == (4, cfg.vocab_size) and logits.device.type == "meta"
+    unpadded = dataclasses.replace(step, static_shapes=False)
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        model(step_to(unpadded, "meta"), cache)
+
+
+# -- the runner on CPU with HostReplay --------------------------------------------------------------
+
+def _host_runner(spec):
+    return functools.partial(CudaGraphRunner, buckets=spec, capture=HostReplay())
+
+
+@pytest.fixture(scope="module", params=["v4", "v41"])
+def rand_model(request):
+    return tiny_model(tiny_config(request.param))
+
+
+PROMPTS = [[0, 17, 400, 9, 3000, 5, 6, 7, 8, 12, 13], [0, 55, 66, 77, 88]]
+SLOTS, BLOCKS = 5, 13
+
+
+def test_padding_rows_never_change_real_rows(rand_model):
+    m = rand_model
+    spec = BucketSpec(batch=(4,), contexts=(64,), prefill_tokens=None)
+    padded = Seqs(m, _host_runner(spec), PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS)
+    plain = Seqs(m, EagerRunner, PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS)
+    run_in_lockstep(padded, plain, 14)
+    r = padded.runner
+    assert r.eager_steps == 1 and r.replays == 13 and list(r.graphs) == [Bucket(4, 4, 64)]
+    used_blocks = set(padded.tables[0][:3]) | set(padded.tables[1][:3])
+    assert_padding_wrote_only_scratch(padded.cache, plain.cache, {1, 2}, used_blocks, SLOTS, BLOCKS)
+
+
+def test_replay_refuses_another_cache_or_a_foreign_step(rand_model):
+    m = rand_model
+    spec = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None)
+    s = Seqs(m, _host_runner(spec), PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS)
+    s.step({0: len(PROMPTS[0]), 1: len(PROMPTS[1])})
+    s.tokens[0].append(5)
+    s.tokens[1].append(6)
+    s.step({0: 1, 1: 1})
+    s.tokens[0].append(7)
+    s.tokens[1].append(8)
+    other = allocate_cache(m.cfg, SLOTS, BLOCKS, s.bs, torch.float32)
+    step, bucket = s.runner.prepare([s.chunk(0, 1), s.chunk(1, 1)])
+    with pytest.raises(RuntimeError, match="cache it was captured with"):
+        s.runner.execute(step, other, bucket)
+    narrow = dataclasses.replace(step, swa_write_src=step.swa_write_src[:1])
+    with pytest.raises(RuntimeError, match="does not match the graph"):
+        s.runner.execute(narrow, s.cache, bucket)
+
+
+def _engine(model_dir, model, runner_cls=None, **kw):
+    cfg = ModelConfig.from_pretrained(model_dir)
+    ec = EngineConfig(model=str(model_dir), dtype="float32", **kw).resolve(cfg)
+    worker = Worker(cfg, ec, model=model, runner_cls=runner_cls)
+    return LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
+
+
+def _prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(5, 60, (n,), generator=g).tolist()
+    return [{"prompt_token_ids": [0] + torch.randint(3, 128000, (k - 1,), generator=g).tolist()} for k in lens]
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_engine_tokens_equal_eager(kind, tiny_v4_dir, tiny_v41_dir):
+    """Greedy and seeded requests that finish at different lengths, so the batch shrinks through
+    several row buckets: the graph runner's tokens equal the eager runner's."""
+    d = tiny_v4_dir if kind == "v4" else tiny_v41_dir
+    model = build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False)
+    prompts = _prompts(5, seed=2)
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, top_p=0.9, seed=i, max_tokens=3 + 4 * i,
+                             ignore_eos=True) for i in range(5)]
+    kw = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512)
+    want = [o.outputs[0].token_ids for o in _engine(d, model, EagerRunner, **kw).generate(prompts, params,
+                                                                                           use_tqdm=False)]
+    spec = BucketSpec(batch=cuda_batch_buckets(8), contexts=None, prefill_tokens=None, max_model_len=256)
+    llm = _engine(d, model, _host_runner(spec), **kw)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    r = llm.llm_engine.worker.runner
+    assert {b.num_seqs for b in r.graphs} >= {1, 2, 8} and r.replays > 0 and r.eager_steps >= 1
+    assert llm.llm_engine.stats().num_used_blocks == 0
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_cuda_graphs_equal_eager_on_gpu(kind, tiny_v4_dir, tiny_v41_dir, monkeypatch):
+    from deepinfer.platforms.cuda import CudaPlatform
+    d = tiny_v4_dir if kind == "v4" else tiny_v41_dir
+    platform = CudaPlatform()
+    model = build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False, platform=platform)
+    prompts = _prompts(5, seed=2)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    kw = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512)
+
+    def run(runner_cls):
+        cfg = ModelConfig.from_pretrained(d)
+        ec = EngineConfig(model=str(d), dtype="float32", **kw).resolve(cfg)
+        worker = Worker(cfg, ec, model=model, runner_cls=runner_cls, platform=platform)
+        llm = LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], worker.runner
+    want, _ = run(EagerRunner)
+    got, runner = run(None)
+    assert isinstance(runner, CudaGraphRunner) and runner.num_graphs >= 1 and runner.replays > 0
+    assert got == want
+
+
+@needs_cuda
+def test_grouped_static_moe_on_gpu():
+    from deepinfer.model_executor.layers import moe
+    g = torch.Generator().manual_seed(0)
+    t, d, e, inter, k = 16, 64, 8, 32, 2
+    x = torch.randn(t, d, generator=g).bfloat16().cuda()
+    idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).cuda()
+    w = torch.rand(t, k, generator=g).cuda()
+    w13 = (torch.randn(e, 2 * inter, d, generator=g) * 0.3).bfloat16().cuda()
+    w2 = (torch.randn(e, d, inter, generator=g) * 0.3).bfloat16().cuda()
+    want = moe.routed_experts(x, idx, w, w13, w2, 4.0).float()
+    got = moe.grouped_static_experts(x, idx, w, w13, w2, 4.0).float()
+    assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
