@@ -41,7 +41,7 @@ class GraphRunner:
         return None
 
     def pad(self, chunks: list[SeqChunk], bucket: Bucket | None) -> list[SeqChunk]:
-        """Append placeholder rows (scratch slot/block, token 0, one token each) up to the bucket."""
+        """Append placeholder rows (scratch slot/block, token 0, positions from 0) up to the bucket."""
         if bucket is None:
             return chunks
         extra_seqs = bucket.num_seqs - len(chunks)
@@ -49,8 +49,8 @@ class GraphRunner:
         if extra_seqs < 0 or extra_tokens < extra_seqs:
             raise ValueError(f"step does not fit bucket {bucket}")
         padded = list(chunks)
-        for i in range(extra_seqs):
-            n = extra_tokens - (extra_seqs - 1) if i == 0 else 1
+        for i in range(extra_seqs):  # the extra tokens spread evenly (decode buckets: one each)
+            n = extra_tokens // extra_seqs + (1 if i < extra_tokens % extra_seqs else 0)
             padded.append(SeqChunk(slot=0, ctx_len=0, num_new=n, block_table=[0], token_ids=[0] * n, num_logits=0))
         return padded
 

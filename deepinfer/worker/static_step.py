@@ -57,7 +57,8 @@ class BucketSpec:
 
     @property
     def seqs_bound(self) -> int:
-        """Most sequences a padded step can hold (real rows plus one prefill placeholder)."""
+        """Real rows plus one: bounds the entries a step closes beyond tokens // m (each real chunk
+        closes at most one more; placeholder chunks start at position 0 and close exactly n // m)."""
         return max(self.batch) + 1
 
     def context_bucket(self, need: int) -> int | None:
@@ -74,22 +75,18 @@ class BucketSpec:
             return None
         n = len(chunks)
         tokens = sum(c.num_new for c in chunks)
-        need = max(c.ctx_len + c.num_new for c in chunks)
-        if all(c.num_new == 1 for c in chunks):
-            rows = next((b for b in self.batch if b >= n), None)
-            if rows is None:
-                return None
-            seqs, num_tokens = rows, rows
-        else:
-            p = self.prefill_tokens
-            if p is None or tokens > p:
-                return None
-            seqs, num_tokens = n + (1 if tokens < p else 0), p
-            need = max(need, p - tokens)  # the placeholder chunk's own positions
-        ctx = self.context_bucket(need)
+        ctx = self.context_bucket(max(c.ctx_len + c.num_new for c in chunks))
         if ctx is None:
             return None
-        return Bucket(num_seqs=seqs, num_tokens=num_tokens, context=ctx)
+        if all(c.num_new == 1 for c in chunks):
+            rows = next((b for b in self.batch if b >= n), None)
+            return None if rows is None else Bucket(num_seqs=rows, num_tokens=rows, context=ctx)
+        p = self.prefill_tokens
+        if p is None or tokens > p:
+            return None
+        # The placeholder tokens go to chunks of at most `ctx` tokens, each starting at position 0,
+        # so their own positions never need a larger context bucket than the real rows.
+        return Bucket(num_seqs=n - (-(p - tokens) // ctx), num_tokens=p, context=ctx)
 
 
 def _pad_writes(src: torch.Tensor, dst: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:

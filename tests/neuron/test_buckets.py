@@ -31,6 +31,18 @@ def test_select_decode_prefill_and_overflow():
     assert BucketSpec(batch=(1,), contexts=None, prefill_tokens=None).select([_chunk(0, 4)]) is None
 
 
+def test_short_prompt_keeps_a_small_context_bucket():
+    """A 5-token prompt in a 64-token prefill bucket: the 59 placeholder tokens are split into
+    chunks that fit the real rows' context bucket instead of raising it to 64."""
+    spec = BucketSpec(batch=(1, 2), contexts=(16, 64, 256), prefill_tokens=64, max_model_len=256)
+    bucket = spec.select([_chunk(0, 5)])
+    assert bucket == Bucket(num_seqs=1 + 4, num_tokens=64, context=16)
+    padded = GraphRunner(None, LAYOUT).pad([_chunk(0, 5)], bucket)
+    assert [c.num_new for c in padded] == [5, 15, 15, 15, 14]
+    step = pad_step(build_step_inputs(padded, LAYOUT), bucket, spec.seqs_bound)
+    assert step.comp[(1, 1, False)].vis_idx.shape == (64, 16)
+
+
 def test_explicit_context_buckets():
     spec = BucketSpec(batch=(1, 2), contexts=(100, 300), prefill_tokens=16)
     assert spec.select([_chunk(99, 1)]).context == 100
