@@ -3,7 +3,7 @@
 The top level of the model stays eager. `RegionRunner` is the model's `run_layer` hook: it runs
 each decoder layer as one compiled region (attention half + MoE), or as two (attention half, MoE
 half) with `split=True` (DEEPINFER_NEURON_REGION_SPLIT). The layer's code reads no layer id and
-gets its caches and cross-layer inputs through `LayerIO` (models/deepseek_v4.py), so every layer of
+gets its caches and cross-layer inputs through `LayerIO` (models/v4_common.py), so every layer of
 a kind runs the same graph: each kind gets its own function object (its own Dynamo cache), whose
 entries are one graph per static shape (bucket). The graph count is kinds x buckets, independent of
 the number of layers (neuron.md F1).

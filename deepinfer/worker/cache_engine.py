@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model_executor.forward_meta import CacheLayout
-from deepinfer.model_executor.models.deepseek_v4 import CacheFormats, ModelCache, compressor_spec
+from deepinfer.model_executor.models.v4_attention import compressor_spec
+from deepinfer.model_executor.models.v4_common import CacheFormats, ModelCache
 from deepinfer.worker.kv_records import record_format
 
 

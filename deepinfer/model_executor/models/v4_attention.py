@@ -1,0 +1,208 @@
+"""Attention of the V4 / V4.1 decoder (model.md §3.3-3.5): sliding window, the compressors of
+CSA / HCA (V4) and C1 / C2 (V4.1), the lightning indexer and sparse top-k selection, V4.1 KV /
+index sharing, candidate blocks and YOCO."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepinfer.model_executor.layers.compressor import gather_overlap_slots
+from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
+from deepinfer.model_executor.models.v4_common import LayerIO, Norm, StepContext, f32_param, linear
+
+
+def compressor_spec(cfg, layer: int) -> tuple[int, int, bool] | None:
+    """(ratio, state ring rows, overlap) of the compressor owned by `layer`, None if it owns none."""
+    m = cfg.compress_ratios[layer]
+    if m == 0:
+        return None
+    if cfg.is_v41:
+        if cfg.kv_source_map[layer] != layer:
+            return None
+        return (m, m, False)
+    overlap = cfg.layer_kinds[layer] == "csa"
+    return (m, 2 * m if overlap else m, overlap)
+
+
+class Compressor(nn.Module):
+    def __init__(self, dim: int, width: int, ratio: int, overlap: bool, gated: bool, ape: bool, dtype,
+                 out_norm: int):
+        super().__init__()
+        mult = 2 if overlap else 1
+        self.width, self.ratio, self.overlap = width, ratio, overlap
+        self.wkv = linear(dim, mult * width, dtype)
+        self.wgate = linear(dim, mult * width, dtype) if gated else None
+        self.ape = nn.Parameter(torch.zeros(ratio, mult * width, dtype=dtype)) if ape else None
+        self.norm = Norm(out_norm, dtype)
+
+    def project(self, h: torch.Tensor, positions: torch.Tensor, fp32_out: bool) -> torch.Tensor:
+        """Rows [c | z] saved per token in the state ring (z = 0 for ungated C1)."""
+        hx = h.float() if fp32_out else h
+        c = hx @ self.wkv.weight.to(hx.dtype).t()
+        if self.wgate is None:
+            return torch.cat([c, torch.zeros_like(c)], dim=-1)
+        z = hx @ self.wgate.weight.to(hx.dtype).t()
+        if self.ape is not None:
+            z = z + self.ape[positions % self.ratio].to(z.dtype)
+        return torch.cat([c, z], dim=-1)
+
+
+class Indexer(nn.Module):
+    def __init__(self, cfg, layer: int, dtype):
+        super().__init__()
+        n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
+        self.wq_b = linear(cfg.q_lora_rank, n_i * d_i, dtype)
+        self.weights_proj = linear(cfg.hidden_size, n_i, dtype)
+        if cfg.is_v41:
+            if cfg.index_k_source_map[layer] == layer:
+                self.wk = linear(cfg.head_dim, d_i, dtype)
+                self.k_norm = Norm(d_i, dtype)
+        else:
+            m = cfg.compress_ratios[layer]
+            self.compressor = Compressor(cfg.hidden_size, d_i, m, True, True, True, dtype, d_i)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, layer: int, dtype, draft: bool = False):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        d, h = cfg.head_dim, cfg.num_heads
+        self.wq_a = linear(cfg.hidden_size, cfg.q_lora_rank, dtype)
+        self.q_norm = Norm(cfg.q_lora_rank, dtype)
+        self.wq_b = linear(cfg.q_lora_rank, h * d, dtype)
+        self.wkv = linear(cfg.hidden_size, d, dtype)
+        self.kv_norm = Norm(d, dtype)
+        self.wo_a = linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype)
+        self.wo_b = linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, dtype)
+        self.attn_sink = f32_param(h)
+        self.ratio = 0 if draft else cfg.compress_ratios[layer]
+        self.rope_kind = "main" if self.ratio == 0 else "compress"
+        spec = None if draft else compressor_spec(cfg, layer)
+        self.comp_key = spec
+        if spec is not None:
+            m, _, overlap = spec
+            if cfg.is_v41:
+                self.compressor = Compressor(cfg.hidden_size, d, m, False, m > 1, False, dtype, d)
+            else:
+                self.compressor = Compressor(cfg.hidden_size, d, m, overlap, True, True, dtype, d)
+        self.is_index_source = False
+        # Static facts of the layer read by the forward instead of its layer id (region sharing).
+        self.kind = "swa" if draft else cfg.layer_kinds[layer]
+        self.src_comp_key = None       # compressor spec of the layer whose entries we read
+        self.uses_shared_hidden = False
+        self.candidate_source = self.candidate_consumer = False
+        if not draft and self.ratio > 0:
+            self.src_comp_key = compressor_spec(cfg, cfg.kv_source_map[layer] if cfg.is_v41 else layer)
+            if cfg.is_v41:
+                self.is_index_source = cfg.index_source_map[layer] == layer
+                self.uses_shared_hidden = layer > cfg.n_prefill_layer
+                c_src = cfg.candidate_source_layer_id
+                self.candidate_source = c_src is not None and layer == c_src
+                self.candidate_consumer = c_src is not None and layer > c_src
+            else:
+                self.is_index_source = cfg.layer_kinds[layer] == "csa"
+            if self.is_index_source:
+                self.indexer = Indexer(cfg, layer, dtype)
+
+    # -- compressed-entry production ---------------------------------------------------------
+    def _pool(self, comp: "Compressor", rows: torch.Tensor, state: torch.Tensor, meta, ctx: StepContext,
+              out_dtype: torch.dtype) -> torch.Tensor | None:
+        """Pool the windows that complete this step from cat([state ring, this step's rows]) into
+        normalised pre-RoPE entries (None when none completes), and save the rows later windows need."""
+        latent = None
+        if meta.entry_dst.numel():
+            c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width,
+                                        comp.overlap)
+            pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(out_dtype)
+            latent = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
+        if meta.state_dst.numel():
+            state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
+        return latent
+
+    def _compress(self, h_src: torch.Tensor, ctx: StepContext, io: LayerIO):
+        cfg, step = self.cfg, ctx.step
+        meta = step.comp[self.comp_key]
+        rows = self.compressor.project(h_src, step.positions, fp32_out=cfg.is_v41)
+        latent = self._pool(self.compressor, rows, io.state, meta, ctx, h_src.dtype)
+        cos, sin = ctx.entry_rope(self.comp_key)
+        if latent is not None:
+            io.entries[meta.entry_dst] = io.fmt.entries.encode(ctx.k.rope(latent, cos, sin))
+        if not cfg.is_v41 and self.is_index_source:
+            # V4 index keys: the indexer's own overlapping compressor over the same windows
+            icomp = self.indexer.compressor
+            irows = icomp.project(h_src, step.positions, fp32_out=False)
+            keys = self._pool(icomp, irows, io.index_state, meta, ctx, h_src.dtype)
+        elif cfg.is_v41 and latent is not None and hasattr(self, "indexer") and hasattr(self.indexer, "wk"):
+            # V4.1 index keys: projected from the pre-RoPE latent
+            keys = ctx.k.rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight,
+                                  cfg.rms_norm_eps)
+        else:
+            keys = None
+        if keys is not None:
+            io.index_keys[meta.entry_dst] = io.fmt.index.encode(ctx.k.rope(keys, cos, sin))
+
+    # -- sparse selection ----------------------------------------------------------------------
+    def _select(self, h: torch.Tensor, cq: torch.Tensor, ctx: StepContext, meta, io: LayerIO) -> torch.Tensor:
+        """Entry columns (w) selected per token, [T, k] with -1 for none."""
+        cfg = self.cfg
+        if not cfg.is_v41 and self.kind == "hca":
+            wcol = torch.arange(meta.vis_idx.shape[1], device=meta.vis_idx.device)[None, :].expand_as(meta.vis_idx)
+            return torch.where(meta.vis_valid, wcol, torch.full_like(wcol, -1))
+        if not self.is_index_source:
+            return io.topk
+        t = h.shape[0]
+        n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
+        q = (cq @ self.indexer.wq_b.weight.t()).view(t, n_i, d_i)
+        cos, sin = ctx.rope("compress")
+        q = ctx.k.rope(q, cos[:, None], sin[:, None])
+        w = (h @ self.indexer.weights_proj.weight.t()).float()
+        keys = io.fmt.index.decode(io.index_keys[meta.vis_idx], torch.float32)
+        if cfg.is_v41:
+            scores = ctx.k.index_scores(q, keys, w, meta.vis_valid)
+            if self.candidate_consumer and io.candidates is not None:
+                mask = candidate_entry_mask(io.candidates, scores.shape[1], cfg.candidate_block_size)
+                scores = scores.masked_fill(~mask, float("-inf"))
+            if self.candidate_source:
+                io.candidates_out = candidate_blocks(scores, meta.n_vis, cfg.candidate_block_size,
+                                                     cfg.candidate_topk_blocks)
+        else:
+            scores = ctx.k.index_scores(q, keys, w * n_i ** -0.5, meta.vis_valid, key_scale=d_i ** -0.5)
+        sel = stable_topk(scores, cfg.index_topk)
+        io.topk_out = sel
+        return sel
+
+    def forward(self, h: torch.Tensor, ctx: StepContext, io: LayerIO) -> torch.Tensor:
+        cfg, step = self.cfg, ctx.step
+        t = h.shape[0]
+        nh, d = cfg.num_heads, cfg.head_dim
+        cq = ctx.k.rms_norm(h @ self.wq_a.weight.t(), self.q_norm.weight, cfg.rms_norm_eps)
+        q = (cq @ self.wq_b.weight.t()).view(t, nh, d)
+        if not cfg.is_v41:
+            q = ctx.k.rms_norm(q, None, cfg.rms_norm_eps)
+        cos, sin = ctx.rope(self.rope_kind)
+        q = ctx.k.rope(q, cos[:, None], sin[:, None])
+        kv = ctx.k.rope(ctx.k.rms_norm(h @ self.wkv.weight.t(), self.kv_norm.weight, cfg.rms_norm_eps), cos, sin)
+
+        ring = io.swa
+        # this step's rows go through the record format too, so they read back as later steps see them
+        keys = io.fmt.swa.decode(torch.cat([ring, io.fmt.swa.encode(kv)])[step.swa_idx], q.dtype)
+        valid = step.swa_valid
+        if self.ratio > 0:
+            if self.comp_key is not None:
+                h_src = io.shared_hidden if self.uses_shared_hidden else h
+                self._compress(h_src, ctx, io)
+            meta = step.comp[self.src_comp_key]
+            sel = self._select(h, cq, ctx, meta, io)
+            sel_ok = sel >= 0
+            rows = meta.vis_idx.gather(1, sel.clamp(min=0)) if sel.numel() else sel.clamp(min=0)
+            comp_keys = io.fmt.entries.decode(io.entries[rows], q.dtype)
+            keys = torch.cat([keys, comp_keys], dim=1)
+            valid = torch.cat([valid, sel_ok], dim=1)
+        o = ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, d ** -0.5)
+        if step.swa_write_dst.numel():
+            ring[step.swa_write_dst] = io.fmt.swa.encode(kv[step.swa_write_src])
+        o = ctx.k.rope(o, cos[:, None], sin[:, None], inverse=True)
+        g = cfg.o_groups
+        wo_a = self.wo_a.weight.view(g, cfg.o_lora_rank, -1)
+        z = torch.einsum("tgi,goi->tgo", o.reshape(t, g, -1), wo_a)
+        return z.reshape(t, -1) @ self.wo_b.weight.t()

@@ -1,0 +1,101 @@
+"""Building blocks the V4 / V4.1 decoder's modules share: parameter helpers, the per-layer caches
+(`ModelCache`, `CacheFormats`), the per-forward `StepContext` and the per-layer `LayerIO`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from deepinfer.model_executor.forward_meta import StepInputs
+
+if TYPE_CHECKING:
+    from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
+
+
+def linear(i: int, o: int, dtype) -> nn.Linear:
+    return nn.Linear(i, o, bias=False, dtype=dtype)
+
+
+class Norm(nn.Module):
+    def __init__(self, dim: int, dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+
+def f32_param(*shape) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(*shape, dtype=torch.float32))
+
+
+@dataclass
+class ModelCache:
+    """Storage the forward reads and writes; allocated by worker/cache_engine.py."""
+    swa: dict = field(default_factory=dict)         # layer -> [slots * W, d]
+    comp_state: dict = field(default_factory=dict)  # (layer, "main"|"index") -> [slots * ring, 2 * width]
+    entries: dict = field(default_factory=dict)     # kv-source layer -> [blocks * epb, d]
+    index_keys: dict = field(default_factory=dict)  # index-K source layer -> [blocks * epb, index_head_dim]
+    formats: "CacheFormats" = None                 # encode/decode of swa, entries and index records
+
+
+@dataclass(frozen=True)
+class CacheFormats:
+    swa: object
+    entries: object
+    index: object
+
+
+class StepContext:
+    """Per-forward values shared across layers: RoPE tables, top-k reuse, YOCO shared hidden.
+
+    Everything position- or layer-dependent is computed here, eagerly, before the layer loop (RoPE
+    tables, Engram rows), so layer code only reads it: compiled layer regions then see the same
+    Python state for every layer of a kind (neuron.md F1)."""
+
+    def __init__(self, model: "DeepseekV4Model", step: StepInputs, cache: ModelCache):
+        self.step = step
+        self.cache = cache
+        self.model = model
+        self.k = model.kernels
+        self._rope = {kind: rot.cos_sin(step.positions) for kind, rot in model.rotary.items()}
+        self._entry_rope = {key: model.rotary["compress"].cos_sin(meta.entry_pos) for key, meta in step.comp.items()}
+        self.engram_rows: dict[int, torch.Tensor] = {}
+        spec = model.engram_spec
+        if spec is not None and step.ngram_ids is not None:
+            from deepinfer.model_executor.layers.engram_hash import engram_indices
+            # exact int64 hashing stays on the host side of the step (neuron.md A4/A5)
+            self.engram_rows = {lid: engram_indices(spec, lid, step.ngram_ids) for lid in spec.layer_ids}
+        self.topk: dict[int, torch.Tensor] = {}
+        self.candidates: torch.Tensor | None = None
+        self.shared_hidden: torch.Tensor | None = None
+        self.targets: dict[int, torch.Tensor] = {}
+
+    def rope(self, kind: str):
+        """cos/sin of the step's token positions for "main" or "compress"."""
+        return self._rope[kind]
+
+    def entry_rope(self, comp_key):
+        """cos/sin (compress) of the positions of the entries a compressor writes this step."""
+        return self._entry_rope[comp_key]
+
+
+@dataclass
+class LayerIO:
+    """One layer's cache tensors and cross-layer inputs, resolved by the eager layer loop
+    (`DecoderLayer.layer_io`), so layer code never indexes anything by its layer id and one compiled
+    region serves every layer of a kind. Values a layer hands to later layers go to the `*_out`
+    fields and are stored back by `DecoderLayer.collect`."""
+    swa: torch.Tensor                           # SWA ring (written)
+    fmt: "CacheFormats"                         # record formats of the stores (plain or compact)
+    state: torch.Tensor | None = None           # own compressor state ring (read + written)
+    index_state: torch.Tensor | None = None     # own V4 indexer-compressor state ring
+    entries: torch.Tensor | None = None         # entry pool attention reads (written by its owner)
+    index_keys: torch.Tensor | None = None      # index-key pool the indexer reads (written by its owner)
+    topk: torch.Tensor | None = None            # selection reused from the index source layer
+    candidates: torch.Tensor | None = None      # V4.1 candidate blocks of the candidate source layer
+    shared_hidden: torch.Tensor | None = None   # V4.1 YOCO hidden of n_prefill_layer
+    engram_rows: torch.Tensor | None = None     # Engram table rows of this layer
+    topk_out: torch.Tensor | None = None
+    candidates_out: torch.Tensor | None = None
+    shared_hidden_out: torch.Tensor | None = None
+    target_out: torch.Tensor | None = None
