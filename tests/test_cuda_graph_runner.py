@@ -3,13 +3,17 @@
 Without a GPU the runner runs with HostReplay in place of CUDA graph capture: buckets, placeholder
 capture, the persistent input buffers refilled every step, the fixed-shape MoE and the output
 buffer are all the real code, so the tokens must equal the eager runner's. Capturability is checked
-on meta tensors (no data: any host read, data-dependent shape or stray host tensor raises). The
+on meta tensors (no data: any host read or data-dependent shape raises) with the model moved there
+the way build_model moves it to a GPU, watching for host tensors copied in after warm-up. The
 tests marked `cuda` run the real capture and replay where torch sees a GPU, and are skipped otherwise."""
 import dataclasses
 import functools
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.config import ModelConfig
@@ -38,39 +42,74 @@ def test_cuda_batch_buckets():
 
 # -- capturability: a padded decode step on meta tensors ------------------------------------------
 
-def _meta_model(kind, dtype):
+class _DeviceMixes(TorchDispatchMode):
+    """Records every op whose tensors sit on more than one device: with the model on meta, that is a
+    host tensor copied in or used in place (a host-to-device copy or a host read on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if len({t.device.type for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)}) > 1:
+            self.ops.append(str(func))
+        return out
+
+
+class _HostConstructors(TorchFunctionMode):
+    """Records tensors built from host data (torch.tensor / as_tensor / from_numpy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.tensor, torch.as_tensor, torch.from_numpy):
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _meta_setup(kind, dtype):
+    """The model built on the host and moved, as build_model moves it to a GPU (plain attributes such
+    as RoPE tables stay on the host), a cache and a padded decode step, all on meta."""
     cfg = tiny_config(kind)
-    with torch.device("meta"):
-        model = DeepseekV4Model(cfg, dtype)
+    model = DeepseekV4Model(cfg, dtype)
     model.post_load()
-    return model
-
-
-def _decode_chunks():
-    return [SeqChunk(1, 37, 1, [1, 2, 3], list(range(40))), SeqChunk(2, 10, 1, [4], list(range(12)))]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["v4", "v41"])
-def test_padded_decode_step_needs_no_host_data(kind, dtype):
-    """The whole forward of a padded step (embedding to logits) on meta tensors: .item(), .tolist(),
-    nonzero, bincount, boolean indexing and CPU tensors mixed in all raise on meta, and each would
-    break a CUDA graph capture. The same step unpadded (routed MoE) must raise: the check bites."""
-    model = _meta_model(kind, dtype)
-    cfg = model.cfg
+    model.to("meta")
     bs = default_block_size(cfg)
     layout = cache_layout(cfg, 5, bs, model.engram_spec)
     cache = allocate_cache(cfg, 5, 20, bs, dtype, device="meta")
     spec = BucketSpec(batch=(1, 2, 4), contexts=None, prefill_tokens=None, max_model_len=256)
-    chunks = _decode_chunks()
+    chunks = [SeqChunk(1, 37, 1, [1, 2, 3], list(range(40))), SeqChunk(2, 10, 1, [4], list(range(12)))]
     bucket = spec.select(chunks)
-    runner = GraphRunner(model, layout)
-    step = pad_step(build_step_inputs(runner.pad(chunks, bucket), layout), bucket, spec.seqs_bound, logits_rows=4)
-    logits = model(step_to(step, "meta"), cache)
-    assert logits.shape == (4, cfg.vocab_size) and logits.device.type == "meta"
-    unpadded = dataclasses.replace(step, static_shapes=False)
+    step = pad_step(build_step_inputs(GraphRunner(None, layout).pad(chunks, bucket), layout), bucket,
+                    spec.seqs_bound, logits_rows=4)
+    return model, cache, step_to(step, "meta")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_padded_decode_step_is_capturable(kind, dtype):
+    """What a CUDA graph capture refuses, checked on meta tensors (which have no data): .item(),
+    .tolist(), nonzero, bincount and boolean indexing raise on meta; after a warm-up forward (as the
+    runner does before capturing), the forward must neither copy host tensors in nor build tensors
+    from host data. Negative controls: the same step unpadded (routed MoE) raises, and a forward with
+    the per-device RoPE tables dropped is caught copying them in."""
+    model, cache, step = _meta_setup(kind, dtype)
+    model(step, cache)                                    # warm-up: per-device tables are made here
+    mixes, ctors = _DeviceMixes(), _HostConstructors()
+    with ctors, mixes:
+        logits = model(step, cache)
+    assert logits.shape == (4, model.cfg.vocab_size) and logits.device.type == "meta"
+    assert mixes.ops == [] and ctors.calls == []
     with pytest.raises((NotImplementedError, RuntimeError)):
-        model(step_to(unpadded, "meta"), cache)
+        model(dataclasses.replace(step, static_shapes=False), cache)
+    for rotary in model.rotary.values():
+        rotary._inv_freq_on.clear()
+    with _DeviceMixes() as again:
+        model(step, cache)
+    assert again.ops
 
 
 # -- the runner on CPU with HostReplay --------------------------------------------------------------

@@ -6,8 +6,9 @@ the CUDA row buckets), pad the chunks with placeholder rows (scratch slot 0 / bl
 metadata on the host, give every data-dependent length a static size (`pad_step`, logits rows
 included), copy it into the bucket's persistent device buffers and replay. The model sees
 `StepInputs.static_shapes`, so its routed MoE takes the fixed-shape kernel ("moe_experts_static":
-no bincount, no `.tolist()`); every other op of the forward is sync-free already
-(tests/test_cuda_graph_runner.py runs a padded step on meta tensors, which raise on any host read).
+no bincount, no `.tolist()`); every other op of the forward is sync-free already, and per-device
+tables (RoPE, Engram hashing) are made on first use, during the warm-up before a capture
+(tests/test_cuda_graph_runner.py checks both on meta tensors).
 
 A bucket's graph is captured the first time a step needs it, from a step of placeholder rows only:
 the warm-up and the capture read and write nothing but the scratch slot and block. All graphs share

@@ -33,10 +33,16 @@ class RotaryEmbedding:
     def __init__(self, rope_dim: int, base: float, yarn: dict | None = None):
         self.rope_dim = rope_dim
         self.inv_freq = rope_inv_freq(rope_dim, base, yarn)
+        self._inv_freq_on: dict[torch.device, torch.Tensor] = {}
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # One copy per device, made on first use: a host-to-device copy inside every forward would be
+        # a sync, which a CUDA graph capture refuses (graph runners warm up before capturing).
+        inv = self._inv_freq_on.get(positions.device)
+        if inv is None:
+            inv = self._inv_freq_on[positions.device] = self.inv_freq.to(positions.device)
         # fp32 angles: positions * inv_freq, like the references (keeps parity with TF's fp32 path)
-        freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(positions.device)
+        freqs = positions.to(torch.float32)[..., None] * inv
         return freqs.cos(), freqs.sin()
 
 
