@@ -91,8 +91,9 @@ ENV_VARS: list[EnvVar] = [
            "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists."),
     EnvVar("DEEPINFER_NEURON_CTX_BUCKETS", None, "int_list",
            "Context-length buckets of the Neuron graphs. Unset: powers of two up to max_model_len."),
-    EnvVar("DEEPINFER_NEURON_PREFILL_BUCKET", None, "int",
-           "Prefill chunk size (tokens) compiled for Neuron. Unset: max_num_batched_tokens."),
+    EnvVar("DEEPINFER_NEURON_PREFILL_BUCKET", None, "int_list",
+           "Prompt-chunk buckets (tokens) compiled for Neuron, e.g. 128,512; a prompt step runs in the "
+           "smallest that holds it. Unset: max_num_batched_tokens."),
     EnvVar("DEEPINFER_NEURON_REGION_SPLIT", False, "bool",
            "Compile the attention half and the MoE of a layer as two regions instead of one."),
     EnvVar("DEEPINFER_NEURON_FP8_GUARD", False, "bool",

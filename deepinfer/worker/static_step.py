@@ -40,7 +40,8 @@ def entry_cap(num_tokens: int, ratio: int, seqs_bound: int) -> int:
 class BucketSpec:
     batch: tuple[int, ...]                # decode row buckets
     contexts: tuple[int, ...] | None      # explicit context buckets (DEEPINFER_NEURON_CTX_BUCKETS)
-    prefill_tokens: int | None            # prompt-chunk bucket (DEEPINFER_NEURON_PREFILL_BUCKET); None: eager
+    prefill_tokens: tuple[int, ...] | None  # prompt-chunk buckets (DEEPINFER_NEURON_PREFILL_BUCKET), an int
+                                            # is one bucket; None: prompt steps run eagerly
     max_model_len: int | None = None
     env_prefix: str = "DEEPINFER_NEURON"  # names the settings in error messages
 
@@ -49,8 +50,12 @@ class BucketSpec:
             raise ValueError(f"batch buckets: must be positive, got {self.batch}")
         if self.contexts is not None and (not self.contexts or any(c < 1 for c in self.contexts)):
             raise ValueError(f"{self.env_prefix}_CTX_BUCKETS: must be positive integers, got {self.contexts}")
-        if self.prefill_tokens is not None and self.prefill_tokens < 2:
-            raise ValueError(f"{self.env_prefix}_PREFILL_BUCKET: must be >= 2, got {self.prefill_tokens}")
+        if isinstance(self.prefill_tokens, int):
+            object.__setattr__(self, "prefill_tokens", (self.prefill_tokens,))
+        if self.prefill_tokens is not None:
+            object.__setattr__(self, "prefill_tokens", tuple(sorted(set(self.prefill_tokens))))
+            if not self.prefill_tokens or self.prefill_tokens[0] < 2:
+                raise ValueError(f"{self.env_prefix}_PREFILL_BUCKET: must be >= 2, got {self.prefill_tokens}")
         if self.contexts is not None and self.max_model_len is not None and max(self.contexts) < self.max_model_len:
             raise ValueError(f"{self.env_prefix}_CTX_BUCKETS: the largest bucket ({max(self.contexts)}) must be "
                              f">= max_model_len ({self.max_model_len})")
@@ -81,8 +86,8 @@ class BucketSpec:
         if all(c.num_new == 1 for c in chunks):
             rows = next((b for b in self.batch if b >= n), None)
             return None if rows is None else Bucket(num_seqs=rows, num_tokens=rows, context=ctx)
-        p = self.prefill_tokens
-        if p is None or tokens > p:
+        p = next((b for b in self.prefill_tokens or () if b >= tokens), None)
+        if p is None:
             return None
         # The placeholder tokens go to chunks of at most `ctx` tokens, each starting at position 0,
         # so their own positions never need a larger context bucket than the real rows.

@@ -31,6 +31,15 @@ def test_select_decode_prefill_and_overflow():
     assert BucketSpec(batch=(1,), contexts=None, prefill_tokens=None).select([_chunk(0, 4)]) is None
 
 
+def test_prompt_step_runs_in_the_smallest_prefill_bucket_that_holds_it():
+    spec = BucketSpec(batch=(1, 2), contexts=None, prefill_tokens=(64, 16), max_model_len=256)
+    assert spec.prefill_tokens == (16, 64)
+    assert spec.select([_chunk(0, 10)]) == Bucket(2, 16, 64)
+    assert spec.select([_chunk(0, 16)]) == Bucket(1, 16, 64)
+    assert spec.select([_chunk(0, 17)]) == Bucket(2, 64, 64)
+    assert spec.select([_chunk(0, 65)]) is None
+
+
 def test_short_prompt_keeps_a_small_context_bucket():
     """A 5-token prompt in a 64-token prefill bucket: the 59 placeholder tokens are split into
     chunks that fit the real rows' context bucket instead of raising it to 64."""

@@ -31,13 +31,13 @@ def test_accelerator_env_selects_neuron_host_mode(monkeypatch, fresh_platform):
 def test_env_vars_are_resolved_at_construction(monkeypatch):
     monkeypatch.setenv("DEEPINFER_NEURON_COMPILE_BACKEND", "inductor")
     monkeypatch.setenv("DEEPINFER_NEURON_CTX_BUCKETS", "512,128")
-    monkeypatch.setenv("DEEPINFER_NEURON_PREFILL_BUCKET", "64")
+    monkeypatch.setenv("DEEPINFER_NEURON_PREFILL_BUCKET", "64,16")
     monkeypatch.setenv("DEEPINFER_NEURON_REGION_SPLIT", "1")
     p = NeuronPlatform(host=True)
     monkeypatch.delenv("DEEPINFER_NEURON_CTX_BUCKETS")
-    assert (p.compile_backend, p.ctx_buckets, p.prefill_bucket, p.region_split) == ("inductor", [128, 512], 64, True)
+    assert (p.compile_backend, p.ctx_buckets, p.prefill_bucket, p.region_split) == ("inductor", [128, 512], [16, 64], True)
     spec = p.bucket_spec(max_num_seqs=6)
-    assert spec.batch == (1, 2, 4, 8) and spec.contexts == (128, 512) and spec.prefill_tokens == 64
+    assert spec.batch == (1, 2, 4, 8) and spec.contexts == (128, 512) and spec.prefill_tokens == (16, 64)
 
 
 def test_bad_compile_backend_is_rejected(monkeypatch):
@@ -51,7 +51,7 @@ def test_validate_config_records_limits_and_rejects_bad_buckets(monkeypatch):
     p = NeuronPlatform(host=True)
     p.validate_config(eng, None)
     spec = p.bucket_spec(max_num_seqs=99)
-    assert spec.batch == (1, 2, 4) and spec.prefill_tokens == 48 and spec.max_model_len == 300
+    assert spec.batch == (1, 2, 4) and spec.prefill_tokens == (48,) and spec.max_model_len == 300
     monkeypatch.setenv("DEEPINFER_NEURON_CTX_BUCKETS", "128,256")
     with pytest.raises(ValueError, match="DEEPINFER_NEURON_CTX_BUCKETS.*max_model_len"):
         NeuronPlatform(host=True).validate_config(eng, None)

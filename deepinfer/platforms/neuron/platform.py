@@ -118,9 +118,9 @@ class NeuronPlatform(Platform):
         from deepinfer.platforms.neuron.buckets import batch_buckets
         from deepinfer.worker.static_step import BucketSpec
         lim = self.engine_limits
-        prefill = self.prefill_bucket
+        prefill = tuple(self.prefill_bucket) if self.prefill_bucket else None
         if prefill is None and lim.get("max_num_batched_tokens") is not None:
-            prefill = int(lim["max_num_batched_tokens"])
+            prefill = (int(lim["max_num_batched_tokens"]),)
         return BucketSpec(batch=batch_buckets(int(lim.get("max_num_seqs", max_num_seqs))),
                           contexts=tuple(self.ctx_buckets) if self.ctx_buckets else None,
                           prefill_tokens=prefill, max_model_len=lim.get("max_model_len"))
@@ -131,8 +131,8 @@ class NeuronPlatform(Platform):
         lim = {"max_num_seqs": int(engine_config.max_num_seqs),
                "max_num_batched_tokens": int(engine_config.max_num_batched_tokens),
                "max_model_len": engine_config.max_model_len}
-        if self.prefill_bucket is not None and self.prefill_bucket > lim["max_num_batched_tokens"]:
-            raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: must be <= max_num_batched_tokens "
+        if self.prefill_bucket and max(self.prefill_bucket) > lim["max_num_batched_tokens"]:
+            raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: every bucket must be <= max_num_batched_tokens "
                              f"({lim['max_num_batched_tokens']}), got {self.prefill_bucket}")
         if self.ctx_buckets and lim["max_model_len"] is not None and max(self.ctx_buckets) < lim["max_model_len"]:
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.ctx_buckets)}) must be "
