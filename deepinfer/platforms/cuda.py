@@ -29,7 +29,7 @@ class CudaPlatform(Platform):
         from deepinfer.worker.static_step import BucketSpec
         lim = self.engine_limits
         return BucketSpec(batch=cuda_batch_buckets(int(lim.get("max_num_seqs", max_num_seqs))), contexts=None,
-                          prefill_tokens=None, max_model_len=lim.get("max_model_len"), env_prefix="DEEPINFER_CUDA")
+                          prefill_tokens=None, max_model_len=lim.get("max_model_len"))
 
     def num_devices(self) -> int:
         return torch.cuda.device_count()

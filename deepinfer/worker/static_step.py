@@ -39,25 +39,25 @@ def entry_cap(num_tokens: int, ratio: int, seqs_bound: int) -> int:
 @dataclass(frozen=True)
 class BucketSpec:
     batch: tuple[int, ...]                # decode row buckets
-    contexts: tuple[int, ...] | None      # explicit context buckets (DEEPINFER_NEURON_CTX_BUCKETS)
+    contexts: tuple[int, ...] | None      # explicit context buckets (only Neuron sets them:
+                                          # DEEPINFER_NEURON_CTX_BUCKETS, so the messages name it)
     prefill_tokens: tuple[int, ...] | None  # prompt-chunk buckets (DEEPINFER_NEURON_PREFILL_BUCKET), an int
                                             # is one bucket; None: prompt steps run eagerly
     max_model_len: int | None = None
-    env_prefix: str = "DEEPINFER_NEURON"  # names the settings in error messages
 
     def __post_init__(self):
         if not self.batch or any(b < 1 for b in self.batch):
             raise ValueError(f"batch buckets: must be positive, got {self.batch}")
         if self.contexts is not None and (not self.contexts or any(c < 1 for c in self.contexts)):
-            raise ValueError(f"{self.env_prefix}_CTX_BUCKETS: must be positive integers, got {self.contexts}")
+            raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: must be positive integers, got {self.contexts}")
         if isinstance(self.prefill_tokens, int):
             object.__setattr__(self, "prefill_tokens", (self.prefill_tokens,))
         if self.prefill_tokens is not None:
             object.__setattr__(self, "prefill_tokens", tuple(sorted(set(self.prefill_tokens))))
             if not self.prefill_tokens or self.prefill_tokens[0] < 2:
-                raise ValueError(f"{self.env_prefix}_PREFILL_BUCKET: must be >= 2, got {self.prefill_tokens}")
+                raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: must be >= 2, got {self.prefill_tokens}")
         if self.contexts is not None and self.max_model_len is not None and max(self.contexts) < self.max_model_len:
-            raise ValueError(f"{self.env_prefix}_CTX_BUCKETS: the largest bucket ({max(self.contexts)}) must be "
+            raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.contexts)}) must be "
                              f">= max_model_len ({self.max_model_len})")
 
     @property

@@ -27,6 +27,7 @@ E2M1_VALUES = torch.tensor(
     [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
     dtype=torch.float32,
 )
+_E2M1_ON: dict = {}  # device -> E2M1_VALUES there (made once: graph replays cannot copy host data in)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,7 +44,7 @@ def ue8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     b = scale.to(torch.int32)
     # The byte is the fp32 exponent field; byte 0 (2^-127) is an fp32 denormal, built separately.
     out = (b << 23).view(torch.float32)
-    return torch.where(b == 0, torch.tensor(2.0**-127, dtype=torch.float32), out)
+    return torch.where(b == 0, 2.0**-127, out)
 
 
 def float_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,14 @@ def float_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
     bits = scale.view(torch.int32)
     if bool(((bits & 0x007FFFFF) != 0).any()) or bool((scale <= 0).any()):
         raise ValueError("scale: ue8m0 can only hold positive powers of two >= 2^-126")
-    return ((bits >> 23) & 0xFF).to(torch.uint8).view(torch.float8_e8m0fnu)
+    return _pow2_to_ue8m0(scale)
+
+
+def _pow2_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """float_to_ue8m0 without the check, for scales that are powers of two by construction
+    (_block_scales): the check reads values on the host, which the KV-cache encode inside a graph
+    must not do."""
+    return ((scale.view(torch.int32) >> 23) & 0xFF).to(torch.uint8).view(torch.float8_e8m0fnu)
 
 
 def scale_to_float(scale: torch.Tensor) -> torch.Tensor:
@@ -159,7 +167,7 @@ def quantize_fp8_block(
     sf, q_mul = _block_scales(x, block, FP8_E4M3_MAX, AMAX_CLAMP[("e4m3", False)])
     xs = x.to(torch.float32) * _expand_scale(q_mul, block, x.shape[-2], x.shape[-1])
     q = xs.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # torch casts with RNE
-    return q, (float_to_ue8m0(sf) if scale_fmt == "ue8m0" else sf)
+    return q, (_pow2_to_ue8m0(sf) if scale_fmt == "ue8m0" else sf)
 
 
 def _block_scales(x: torch.Tensor, block: tuple[int, int], q_max: float, clamp: float):
@@ -191,7 +199,10 @@ def decode_e2m1(packed: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"packed dtype: expected int8 or uint8, got {packed.dtype}")
     b = packed.view(torch.uint8).to(torch.int64)
     codes = torch.stack((b & 0x0F, b >> 4), dim=-1).flatten(-2)
-    return E2M1_VALUES[codes]
+    table = _E2M1_ON.get(codes.device)
+    if table is None:
+        table = _E2M1_ON[codes.device] = E2M1_VALUES.to(codes.device)
+    return table[codes]
 
 
 def dequant_fp4(
@@ -249,7 +260,7 @@ def quantize_fp4(
     x2 = x.to(torch.float32).reshape(-1, x.shape[-1])
     if scale_fmt == "ue8m0":
         sf, q_mul = _block_scales(x2, (1, group), FP4_E2M1_MAX, AMAX_CLAMP[("e2m1", False)])
-        out_sf = float_to_ue8m0(sf)
+        out_sf = _pow2_to_ue8m0(sf)
     else:
         cols = x2.shape[-1]
         pad = (-cols) % group

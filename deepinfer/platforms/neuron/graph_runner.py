@@ -13,8 +13,8 @@ import logging
 import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
-from deepinfer.worker.static_step import BucketSpec, pad_step
 from deepinfer.worker.graph_runner import Bucket, GraphRunner
+from deepinfer.worker.static_step import BucketSpec, pad_step
 
 logger = logging.getLogger(__name__)
 
