@@ -37,11 +37,11 @@ class Seqs:
     """A few sequences fed step by step through a runner, with their own slots and blocks."""
 
     def __init__(self, model, runner_cls, prompts: list[list[int]], num_slots: int = 5, num_blocks: int = 48,
-                 block_size: int | None = None, **runner_kw):
+                 block_size: int | None = None, kv_cache_mode: str = "plain", **runner_kw):
         cfg = model.cfg
         self.bs = block_size or default_block_size(cfg)
         self.layout = cache_layout(cfg, num_slots, self.bs, model.engram_spec)
-        self.cache = allocate_cache(cfg, num_slots, num_blocks, self.bs, torch.float32)
+        self.cache = allocate_cache(cfg, num_slots, num_blocks, self.bs, torch.float32, mode=kv_cache_mode)
         self.runner = runner_cls(model, self.layout, **runner_kw)
         self.tokens = [list(p) for p in prompts]
         self.done = [0] * len(prompts)

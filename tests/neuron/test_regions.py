@@ -38,8 +38,9 @@ def _kinds(model) -> int:
     return len({layer_kind(layer) for layer in model.layers})
 
 
-def _logits(kind, model, runner_kw, steps=5):
-    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC[kind], **runner_kw)
+def _logits(kind, model, runner_kw, steps=5, kv_cache_mode="plain"):
+    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC[kind], kv_cache_mode=kv_cache_mode,
+             **runner_kw)
     out, sizes = [], {0: len(PROMPTS[0]), 1: len(PROMPTS[1])}
     for _ in range(steps):
         logits = s.step(sizes)
@@ -65,6 +66,16 @@ def test_compiled_regions_equal_eager(regions, kind, layers):
     n = len(BUCKETS[kind]) * kinds
     assert regions[kind].stats.total_graphs == n == counters["stats"]["unique_graphs"] - before
     assert not regions[kind].stats.fp8_sites
+
+
+def test_compact_kv_records_compile_into_regions():
+    """DeepSeek's fp8 / fp4 KV records are encoded and decoded inside the layer regions: no host read
+    (their power-of-two scales are not re-checked there), same logits as eager."""
+    model = tiny_model(tiny_config("v4"), HOST)
+    compiled, runner = _logits("v4", model, dict(regions=RegionRunner("aot_eager")), kv_cache_mode="compact")
+    eager, _ = _logits("v4", model, dict(compile=False), kv_cache_mode="compact")
+    assert runner.eager_steps == 0 and runner.num_graphs == len(BUCKETS["v4"]) * _kinds(model)
+    assert (compiled - eager).abs().max().item() < 1e-4
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])
