@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "neuron"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 
 def bench_kind(kind: str, args) -> dict:
@@ -30,12 +30,12 @@ def bench_kind(kind: str, args) -> dict:
     from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
     from deepinfer.neuron_ops.regions import RegionRunner
     from deepinfer.platforms.cpu import CpuPlatform
-    from deepinfer.worker.static_step import BucketSpec
     from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
     from deepinfer.platforms.neuron.platform import NeuronPlatform
     from deepinfer.worker.graph_runner import EagerRunner
+    from deepinfer.worker.static_step import BucketSpec
     from deepinfer.worker.worker import build_model
-    from neuron_helpers import Seqs, tiny_model
+    from model_helpers import Seqs, tiny_model
 
     ckpt = Path(args.ckpt_dir) / f"tiny-{kind}"
     if not (ckpt / "config.json").exists():
