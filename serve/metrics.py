@@ -90,6 +90,8 @@ class ServerMetrics:
         counter("generation_tokens_total", "Tokens generated.", s.num_generation_tokens if s else 0)
         counter("num_preemptions_total", "Sequences preempted (recomputed later).",
                 s.num_preemptions if s else 0)
+        counter("graphs_compiled_total", "Graphs the graph runner compiled (Neuron regions) or captured "
+                "(CUDA graphs) so far; 0 for the eager runner.", (s.num_graphs or 0) if s else 0)
         with self._lock:
             finished = dict(self.finished)
             step_errors = self.num_step_errors

@@ -90,12 +90,14 @@ def test_metrics_prometheus_format(server):
     for name, kind in [("num_requests_running", "gauge"), ("num_requests_waiting", "gauge"),
                        ("kv_blocks_used", "gauge"), ("kv_blocks_free", "gauge"),
                        ("prompt_tokens_total", "counter"), ("generation_tokens_total", "counter"),
+                       ("graphs_compiled_total", "counter"),
                        ("time_to_first_token_seconds", "histogram"),
                        ("inter_token_latency_seconds", "histogram")]:
         assert f"# TYPE deepinfer:{name} {kind}" in text
     m = server.metrics()
     assert m["deepinfer:kv_blocks_used"] == 0
     assert m["deepinfer:kv_blocks_free"] > 0
+    assert m["deepinfer:graphs_compiled_total"] == 0   # the CPU platform's eager runner
 
 
 # ---- parity with LLM.generate -------------------------------------------------------------------

@@ -95,6 +95,7 @@ def test_chat_request_thinking_switch_and_limits():
 class _Stats:
     num_running, num_waiting, num_used_blocks, num_free_blocks = 2, 1, 3, 5
     num_prompt_tokens, num_generation_tokens, num_preemptions = 40, 9, 0
+    num_graphs = 12
 
 
 def test_metrics_text_round_trips():
@@ -108,6 +109,7 @@ def test_metrics_text_round_trips():
     assert values[f"deepinfer:kv_blocks_used{lab}"] == 3
     assert values[f"deepinfer:kv_cache_usage_perc{lab}"] == pytest.approx(3 / 8)
     assert values[f"deepinfer:generation_tokens_total{lab}"] == 9
+    assert values[f"deepinfer:graphs_compiled_total{lab}"] == 12
     assert values['deepinfer:time_to_first_token_seconds_bucket{model_name="tiny",le="0.04"}'] == 1
     assert values['deepinfer:time_to_first_token_seconds_bucket{model_name="tiny",le="0.02"}'] == 0
     assert values['deepinfer:inter_token_latency_seconds_bucket{model_name="tiny",le="+Inf"}'] == 2

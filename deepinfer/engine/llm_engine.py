@@ -63,6 +63,7 @@ class EngineStats:
     num_generation_tokens: int  # sampled tokens
     num_preemptions: int
     num_finished_requests: int
+    num_graphs: int | None = None  # graphs the runner compiled or captured so far; None: eager runner
 
 
 @dataclass
@@ -323,4 +324,5 @@ class LLMEngine:
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
             num_preemptions=self.scheduler.num_preemptions,
-            num_finished_requests=self._num_finished_requests)
+            num_finished_requests=self._num_finished_requests,
+            num_graphs=getattr(getattr(self.worker, "runner", None), "num_graphs", None))

@@ -158,7 +158,7 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
                     # arrival jitter makes mixed prefill+decode steps the first round may not produce.
                     n_warm = conc if backend != "deepinfer-server" else 2 * conc
                 offline = hasattr(driver, "step_buckets")
-                graphs0 = driver.num_graphs if offline else None
+                graphs0 = getattr(driver, "num_graphs", None)
                 warm = []
                 if n_warm:
                     warm, _ = driver.run(prompts.make(n_warm, n_in, (n_out, conc, 0)), n_out, conc)
@@ -166,21 +166,19 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
                         r.check()
                 if offline:
                     driver.step_buckets.clear()
-                    graphs1 = driver.num_graphs
+                graphs1 = getattr(driver, "num_graphs", None)
                 results, duration = driver.run(prompts.make(n, n_in, (n_out, conc, 1)), n_out, conc)
                 rec = {"backend": backend, "input_len": n_in, "output_len": n_out, "concurrency": conc,
                        "num_prompts": n, "num_warmups": n_warm,
                        "warmup_failed": sum(not r.ok for r in warm),
                        "warmup_errors": [r.error for r in warm if not r.ok]}
                 rec.update(cell_metrics(results, duration, conc))
-                if offline:
-                    graphs2 = driver.num_graphs
-                    rec["buckets"] = {
-                        "steps_per_bucket": dict(sorted(driver.step_buckets.items())),
-                        "graphs_compiled_in_warmup": None if graphs0 is None else graphs1 - graphs0,
-                        "graphs_compiled_while_measuring": None if graphs1 is None else graphs2 - graphs1}
-                else:
-                    rec["buckets"] = None  # the server does not expose its buckets
+                graphs2 = getattr(driver, "num_graphs", None)
+                rec["buckets"] = {
+                    # the server does not expose its buckets, only its graph count (/metrics)
+                    "steps_per_bucket": dict(sorted(driver.step_buckets.items())) if offline else None,
+                    "graphs_compiled_in_warmup": None if None in (graphs0, graphs1) else graphs1 - graphs0,
+                    "graphs_compiled_while_measuring": None if None in (graphs1, graphs2) else graphs2 - graphs1}
                 rec.update(config=config, platform=platform, versions=versions)
                 records.append(rec)
                 if backend != "transformers":

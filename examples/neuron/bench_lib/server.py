@@ -49,6 +49,20 @@ class ServerDriver:
             self.probe_errors.append(f"GET /v1/models: {type(e).__name__}: {e}")
             return None
 
+    @property
+    def num_graphs(self) -> int | None:
+        """The server's deepinfer:graphs_compiled_total, None where /metrics does not answer."""
+        try:
+            resp = self._get("/metrics")
+            resp.raise_for_status()
+        except httpx.HTTPError as e:
+            self.probe_errors.append(f"GET /metrics: {type(e).__name__}: {e}")
+            return None
+        for line in resp.text.splitlines():
+            if line.startswith("deepinfer:graphs_compiled_total"):
+                return int(float(line.rpartition(" ")[2]))
+        return None
+
     def info(self) -> dict:
         return {"base_url": self.base_url, "served_model": self.model_name, "health_status": self.health,
                 "probe_errors": list(self.probe_errors)}
