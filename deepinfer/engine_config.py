@@ -46,6 +46,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # None -> sized by the worker from kv_cache_memory_bytes
     block_size: int | None = None  # token positions per KV block; None -> worker's choice
     enforce_eager: bool = False
+    # Compile (Neuron) or capture (CUDA) every bucket's graph when the engine starts instead of on a
+    # bucket's first step, so no request waits for a compile.
+    warmup_graphs: bool = False
     seed: int = 0
     # No tokenizer: prompts must be token ids and outputs carry no text (vLLM's name).
     skip_tokenizer_init: bool = False
@@ -74,7 +77,7 @@ class EngineConfig:
         # Block 0 is the reserved scratch block, so a usable pool has at least two.
         _check_int("num_kv_blocks", self.num_kv_blocks, 2, allow_none=True)
         _check_int("block_size", self.block_size, 1, allow_none=True)
-        for name in ("enforce_eager", "skip_tokenizer_init"):
+        for name in ("enforce_eager", "warmup_graphs", "skip_tokenizer_init"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _check_int("seed", self.seed, 0, (1 << 63) - 1)

@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--warmup-graphs", action="store_true",
+                   help="compile / capture every bucket's graph at startup (Neuron, CUDA) instead of on first use")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies get 413")
     p.add_argument("--max-pending", type=int, default=0,
@@ -106,7 +108,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-        enforce_eager=args.enforce_eager, seed=args.seed)
+        enforce_eager=args.enforce_eager, warmup_graphs=args.warmup_graphs, seed=args.seed)
     server_config = ServerConfig(
         served_model_name=args.served_model_name or args.model, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, shutdown_timeout=args.shutdown_timeout,

@@ -202,6 +202,22 @@ def test_engine_tokens_equal_eager(kind, mode, tiny_v4_dir, tiny_v41_dir, monkey
     assert llm.llm_engine.stats().num_used_blocks == 0
 
 
+def test_warm_up_captures_every_bucket_at_engine_start(tiny_v41_dir):
+    d = tiny_v41_dir
+    model = build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False)
+    spec = BucketSpec(batch=cuda_batch_buckets(4), contexts=None, prefill_tokens=None, max_model_len=128)
+    llm = _engine(d, model, _host_runner(spec), max_model_len=128, max_num_seqs=4, max_num_batched_tokens=256,
+                  warmup_graphs=True)
+    worker = llm.llm_engine.worker
+    assert worker.warmup_graphs == 3 * 2 == worker.runner.num_graphs   # rows 1, 2, 4 x contexts 64, 128
+    llm.generate(_prompts(3, seed=4), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                 use_tqdm=False)
+    assert worker.runner.num_graphs == 6 and worker.runner.replays > 0
+    assert llm.llm_engine.stats().num_graphs == 6
+    with pytest.raises(ValueError, match="warmup_graphs"):
+        EngineConfig(model=str(d), warmup_graphs="yes")
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 
 @needs_cuda

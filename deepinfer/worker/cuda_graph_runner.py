@@ -144,6 +144,14 @@ class CudaGraphRunner(GraphRunner):
         return _Graph(inputs, output, replay, static_signature(placeholder), cache)
 
     @torch.inference_mode()
+    def warm_up(self, cache) -> int:
+        """Capture every (row bucket, context bucket) graph now."""
+        for bucket in self.buckets.all_buckets():
+            if bucket not in self.graphs:
+                self.graphs[bucket] = self._capture(bucket, cache)
+        return self.num_graphs
+
+    @torch.inference_mode()
     def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         if bucket is None:
             self.eager_steps += 1

@@ -61,6 +61,11 @@ class GraphRunner:
     def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def warm_up(self, cache) -> int:
+        """Build every bucket's graph now, from placeholder rows (scratch slot / block only); returns
+        the number of graphs this runner holds. The eager runner has none."""
+        return 0
+
     def run(self, chunks: list[SeqChunk], cache) -> torch.Tensor:
         """Logits [sum of num_logits over the real chunks, vocab] in chunk order."""
         step, bucket = self.prepare(chunks)

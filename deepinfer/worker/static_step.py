@@ -74,6 +74,25 @@ class BucketSpec:
             c = min(c, max(self.max_model_len, MIN_CONTEXT_BUCKET))
         return c
 
+    def context_ladder(self) -> tuple[int, ...]:
+        """Every context bucket a step can select (explicit, or the powers of two up to max_model_len)."""
+        if self.contexts is not None:
+            return tuple(sorted(self.contexts))
+        if self.max_model_len is None:
+            raise ValueError("warm-up: the context buckets are unbounded (set max_model_len or "
+                             "DEEPINFER_NEURON_CTX_BUCKETS)")
+        needs = [self.max_model_len] + [1 << k for k in range(self.max_model_len.bit_length())]
+        return tuple(sorted({self.context_bucket(n) for n in needs if n <= self.max_model_len}))
+
+    def all_buckets(self) -> list[Bucket]:
+        """Every bucket `select` can return, as placeholder-only buckets (warm-up): decode rows, then
+        prompt buckets whose placeholder chunks each fit the context bucket."""
+        out = []
+        for ctx in self.context_ladder():
+            out += [Bucket(num_seqs=b, num_tokens=b, context=ctx) for b in self.batch]
+            out += [Bucket(num_seqs=-(-p // ctx), num_tokens=p, context=ctx) for p in self.prefill_tokens or ()]
+        return out
+
     def select(self, chunks: list[SeqChunk]) -> Bucket | None:
         """The bucket a step runs in, or None when it fits none (the runner then runs it eagerly)."""
         if not chunks:

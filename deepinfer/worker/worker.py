@@ -72,6 +72,12 @@ class Worker:
         if runner_cls is None:
             runner_cls = EagerRunner if engine_config.enforce_eager else self.platform.graph_runner_cls
         self.runner = runner_cls(self.model, self.layout)
+        self.warmup_s, self.warmup_graphs = 0.0, 0
+        if engine_config.warmup_graphs:
+            t0 = time.perf_counter()
+            self.warmup_graphs = self.runner.warm_up(self.cache)
+            self.warmup_s = time.perf_counter() - t0
+            logger.info("warm-up: %d graphs in %.1f s", self.warmup_graphs, self.warmup_s)
         self.sampler = Sampler()
         self.eos_ids = list(getattr(cfg, "eos_token_ids", []) or [])
         self.last_forward_s = 0.0

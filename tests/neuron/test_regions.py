@@ -16,7 +16,7 @@ from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
 from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.worker.graph_runner import EagerRunner
 from deepinfer.worker.worker import build_model
-from model_helpers import Seqs, tiny_config, tiny_model
+from model_helpers import Seqs, run_in_lockstep, tiny_config, tiny_model
 
 PROMPTS = [[0, 17, 400, 9, 3000, 5, 6, 7, 8, 12, 13], [0, 55, 66, 77, 88]]
 # V4: prompt steps padded to 16 tokens, decode steps to 2 rows: buckets (16, 64) and (2, 64).
@@ -76,6 +76,24 @@ def test_compact_kv_records_compile_into_regions():
     eager, _ = _logits("v4", model, dict(compile=False), kv_cache_mode="compact")
     assert runner.eager_steps == 0 and runner.num_graphs == len(BUCKETS["v4"]) * _kinds(model)
     assert (compiled - eager).abs().max().item() < 1e-4
+
+
+def test_warm_up_compiles_every_bucket_before_the_first_request():
+    """warm_up builds each (bucket, layer kind) graph from placeholder rows: nothing outside slot 0 /
+    block 0 is written, and the real steps that follow compile nothing more and match eager."""
+    model = tiny_model(tiny_config("v4"), HOST)
+    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=RegionRunner("aot_eager"))
+    assert s.runner.warm_up(s.cache) == len(BUCKETS["v4"]) * _kinds(model)
+    stores = [(f"swa{k}", t, 5) for k, t in s.cache.swa.items()] + \
+        [(f"entries{k}", t, 48) for k, t in s.cache.entries.items()]
+    for name, t, owners in stores:   # 5 state slots / 48 blocks; slot 0 and block 0 are scratch
+        per = t.shape[0] // owners
+        assert (t[per:] == 0).all() and (t[:per] != 0).any(), name
+    graphs = s.runner.num_graphs
+    eager = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], compile=False)
+    with torch.inference_mode():   # steps run as the engine's Worker.execute runs them
+        run_in_lockstep(s, eager, 5)
+    assert s.runner.num_graphs == graphs and s.runner.eager_steps == 0
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])

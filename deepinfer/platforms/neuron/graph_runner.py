@@ -50,6 +50,18 @@ class NeuronGraphRunner(GraphRunner):
             step = pad_step(step, bucket, self.buckets.seqs_bound)
         return step_to(step, self.platform.device), bucket
 
+    @torch.inference_mode()
+    def warm_up(self, cache) -> int:
+        """Compile every (bucket, layer kind) region graph from placeholder-only steps. Under inference
+        mode, as Worker.execute runs: Dynamo guards on the metadata tensors' dispatch keys, so graphs
+        traced from normal tensors would be traced again for the engine's inference tensors."""
+        if self.regions is None:
+            return 0
+        for bucket in self.buckets.all_buckets():
+            step = pad_step(build_step_inputs(self.pad([], bucket), self.layout), bucket, self.buckets.seqs_bound)
+            self.execute(step_to(step, self.platform.device), cache, bucket)
+        return self.num_graphs
+
     def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         if bucket is None:
             self.eager_steps += 1
