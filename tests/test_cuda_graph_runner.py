@@ -210,6 +210,9 @@ def test_warm_up_captures_every_bucket_at_engine_start(tiny_v41_dir):
                   warmup_graphs=True)
     worker = llm.llm_engine.worker
     assert worker.warmup_graphs == 3 * 2 == worker.runner.num_graphs   # rows 1, 2, 4 x contexts 64, 128
+    graphs = worker.runner.graphs   # one logits buffer per row count, shared across context buckets
+    assert graphs[Bucket(4, 4, 64)].output is graphs[Bucket(4, 4, 128)].output
+    assert len({id(g.output) for g in graphs.values()}) == 3
     llm.generate(_prompts(3, seed=4), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
                  use_tqdm=False)
     assert worker.runner.num_graphs == 6 and worker.runner.replays > 0

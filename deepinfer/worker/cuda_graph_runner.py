@@ -13,7 +13,9 @@ tables (RoPE, Engram hashing) are made on first use, during the warm-up before a
 A bucket's graph is captured the first time a step needs it, from a step of placeholder rows only:
 the warm-up and the capture read and write nothing but the scratch slot and block. All graphs share
 one memory pool; they are replayed one at a time, and each replay's logits are consumed before the
-next. The logits a replay returns live in the graph's output buffer: valid until the next step.
+next. The logits a replay returns live in an output buffer shared by every graph with the same
+row count (one [rows, vocab] buffer per row bucket, not per (rows, context) graph): valid until
+the next step.
 """
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ class HostReplay:
 @dataclasses.dataclass
 class _Graph:
     inputs: StepInputs      # persistent device buffers the graph reads
-    output: torch.Tensor    # persistent logits buffer the graph writes: [bucket tokens, vocab]
+    output: torch.Tensor    # logits buffer the graph writes, shared per row count: [bucket tokens, vocab]
     replay: object
     signature: tuple
     cache: object           # the cache the graph was captured against (it writes into it)
@@ -116,6 +118,7 @@ class CudaGraphRunner(GraphRunner):
         self.buckets = buckets
         self.capture = capture if capture is not None else CudaGraphCapture(self.device)
         self.graphs: dict[Bucket, _Graph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}   # rows -> logits buffer all graphs of that size fill
         self.eager_steps = 0
         self.replays = 0
 
@@ -139,7 +142,11 @@ class CudaGraphRunner(GraphRunner):
     def _capture(self, bucket: Bucket, cache) -> _Graph:
         placeholder = self._static([], bucket)
         inputs = step_to(placeholder, self.device)   # on CPU (tests) the placeholder's own tensors
-        replay, output = self.capture(lambda: self.model(inputs, cache))
+        out = self._outputs.get(bucket.num_tokens)
+        if out is None:
+            out = self._outputs[bucket.num_tokens] = torch.empty(
+                bucket.num_tokens, self.model.cfg.vocab_size, dtype=torch.float32, device=self.device)
+        replay, output = self.capture(lambda: out.copy_(self.model(inputs, cache)))
         logger.info("captured a decode graph for %d rows, context %d", bucket.num_tokens, bucket.context)
         return _Graph(inputs, output, replay, static_signature(placeholder), cache)
 
