@@ -10,8 +10,9 @@ no bincount, no `.tolist()`); every other op of the forward is sync-free already
 tables (RoPE, Engram hashing) are made on first use, during the warm-up before a capture
 (tests/test_cuda_graph_runner.py checks both on meta tensors).
 
-A bucket's graph is captured the first time a step needs it, from a step of placeholder rows only:
-the warm-up and the capture read and write nothing but the scratch slot and block. All graphs share
+A bucket's graph is captured the first time a step needs it, or at start-up by `warm_up`
+(EngineConfig.warmup_graphs), from a step of placeholder rows only: the warm-up forwards and the
+capture read and write nothing but the scratch slot and block. All graphs share
 one memory pool; they are replayed one at a time, and each replay's logits are consumed before the
 next. The logits a replay returns live in an output buffer shared by every graph with the same
 row count (one [rows, vocab] buffer per row bucket, not per (rows, context) graph): valid until
