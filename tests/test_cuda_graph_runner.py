@@ -19,12 +19,12 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.engine.llm_engine import LLMEngine
 from deepinfer.engine_config import EngineConfig
-from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs, step_to
+from deepinfer.model_executor.forward_meta import SeqChunk, step_to
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
 from deepinfer.worker.cuda_graph_runner import CudaGraphRunner, HostReplay, cuda_batch_buckets
-from deepinfer.worker.graph_runner import Bucket, EagerRunner, GraphRunner
-from deepinfer.worker.static_step import BucketSpec, pad_step
+from deepinfer.worker.graph_runner import EagerRunner
+from deepinfer.worker.static_step import Bucket, BucketSpec
 from deepinfer.worker.worker import Worker, build_model
 from model_helpers import Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config, tiny_model
 
@@ -83,8 +83,7 @@ def _meta_setup(kind, dtype, mode="plain"):
     spec = BucketSpec(batch=(1, 2, 4), contexts=None, prefill_tokens=None, max_model_len=256)
     chunks = [SeqChunk(1, 37, 1, [1, 2, 3], list(range(40))), SeqChunk(2, 10, 1, [4], list(range(12)))]
     bucket = spec.select(chunks)
-    step = pad_step(build_step_inputs(GraphRunner(None, layout).pad(chunks, bucket), layout), bucket,
-                    spec.seqs_bound, logits_rows=4)
+    step = spec.static_step(chunks, bucket, layout, logits_rows=4)
     return model, cache, step_to(step, "meta")
 
 

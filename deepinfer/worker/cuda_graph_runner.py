@@ -26,8 +26,8 @@ import logging
 import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
-from deepinfer.worker.graph_runner import Bucket, GraphRunner
-from deepinfer.worker.static_step import BucketSpec, pad_step, static_signature
+from deepinfer.worker.graph_runner import GraphRunner
+from deepinfer.worker.static_step import Bucket, BucketSpec, static_signature
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,7 @@ class CudaGraphRunner(GraphRunner):
         return self.buckets.select(chunks)
 
     def _static(self, chunks: list[SeqChunk], bucket: Bucket) -> StepInputs:
-        step = build_step_inputs(self.pad(chunks, bucket), self.layout)
-        return pad_step(step, bucket, self.buckets.seqs_bound, logits_rows=bucket.num_tokens)
+        return self.buckets.static_step(chunks, bucket, self.layout, logits_rows=bucket.num_tokens)
 
     def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         bucket = self.select_bucket(chunks)

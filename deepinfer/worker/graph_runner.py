@@ -5,18 +5,10 @@ Neuron compiled graphs) pad rows with placeholder tokens that read and write onl
 and scratch block (slot 0 / block 0), then slice the real rows back out. Multi-token decode rows
 (speculative verification) are ordinary rows with num_new > 1 and num_logits > 1.
 """
-from dataclasses import dataclass
-
 import torch
 
 from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, StepInputs, build_step_inputs, step_to
-
-
-@dataclass(frozen=True)
-class Bucket:
-    num_seqs: int
-    num_tokens: int
-    context: int = 0  # max context length the padded dense inputs are sized for (0 = unbounded)
+from deepinfer.worker.static_step import Bucket, pad_chunks
 
 
 class GraphRunner:
@@ -40,23 +32,9 @@ class GraphRunner:
     def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
         return None
 
-    def pad(self, chunks: list[SeqChunk], bucket: Bucket | None) -> list[SeqChunk]:
-        """Append placeholder rows (scratch slot/block, token 0, positions from 0) up to the bucket."""
-        if bucket is None:
-            return chunks
-        extra_seqs = bucket.num_seqs - len(chunks)
-        extra_tokens = bucket.num_tokens - sum(c.num_new for c in chunks)
-        if extra_seqs < 0 or extra_tokens < extra_seqs:
-            raise ValueError(f"step does not fit bucket {bucket}")
-        padded = list(chunks)
-        for i in range(extra_seqs):  # the extra tokens spread evenly (decode buckets: one each)
-            n = extra_tokens // extra_seqs + (1 if i < extra_tokens % extra_seqs else 0)
-            padded.append(SeqChunk(slot=0, ctx_len=0, num_new=n, block_table=[0], token_ids=[0] * n, num_logits=0))
-        return padded
-
     def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         bucket = self.select_bucket(chunks)
-        return step_to(build_step_inputs(self.pad(chunks, bucket), self.layout), self.device), bucket
+        return step_to(build_step_inputs(pad_chunks(chunks, bucket), self.layout), self.device), bucket
 
     def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         raise NotImplementedError

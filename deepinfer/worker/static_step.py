@@ -20,10 +20,31 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from deepinfer.model_executor.forward_meta import CompressMeta, SeqChunk, StepInputs
-from deepinfer.worker.graph_runner import Bucket
+from deepinfer.model_executor.forward_meta import CacheLayout, CompressMeta, SeqChunk, StepInputs, build_step_inputs
 
 MIN_CONTEXT_BUCKET = 64  # smallest default context bucket (tiny prompts do not each get a graph)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    num_seqs: int
+    num_tokens: int
+    context: int = 0  # max context length the padded dense inputs are sized for (0 = unbounded)
+
+
+def pad_chunks(chunks: list[SeqChunk], bucket: Bucket | None) -> list[SeqChunk]:
+    """Append placeholder rows (scratch slot/block, token 0, positions from 0) up to the bucket."""
+    if bucket is None:
+        return chunks
+    extra_seqs = bucket.num_seqs - len(chunks)
+    extra_tokens = bucket.num_tokens - sum(c.num_new for c in chunks)
+    if extra_seqs < 0 or extra_tokens < extra_seqs:
+        raise ValueError(f"step does not fit bucket {bucket}")
+    padded = list(chunks)
+    for i in range(extra_seqs):  # the extra tokens spread evenly (decode buckets: one each)
+        n = extra_tokens // extra_seqs + (1 if i < extra_tokens % extra_seqs else 0)
+        padded.append(SeqChunk(slot=0, ctx_len=0, num_new=n, block_table=[0], token_ids=[0] * n, num_logits=0))
+    return padded
 
 
 def next_pow2(n: int) -> int:
@@ -92,6 +113,12 @@ class BucketSpec:
             out += [Bucket(num_seqs=b, num_tokens=b, context=ctx) for b in self.batch]
             out += [Bucket(num_seqs=-(-p // ctx), num_tokens=p, context=ctx) for p in self.prefill_tokens or ()]
         return out
+
+    def static_step(self, chunks: list[SeqChunk], bucket: Bucket, layout: CacheLayout,
+                    logits_rows: int | None = None) -> StepInputs:
+        """The host-built step of `chunks` padded to `bucket`: placeholder rows, then static sizes."""
+        step = build_step_inputs(pad_chunks(chunks, bucket), layout)
+        return pad_step(step, bucket, self.seqs_bound, logits_rows=logits_rows)
 
     def select(self, chunks: list[SeqChunk]) -> Bucket | None:
         """The bucket a step runs in, or None when it fits none (the runner then runs it eagerly)."""

@@ -3,8 +3,7 @@ import pytest
 
 from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, build_step_inputs
 from deepinfer.platforms.neuron.buckets import batch_buckets
-from deepinfer.worker.static_step import BucketSpec, entry_cap, pad_step
-from deepinfer.worker.graph_runner import Bucket, GraphRunner
+from deepinfer.worker.static_step import Bucket, BucketSpec, entry_cap, pad_chunks, pad_step
 
 
 def test_batch_buckets_are_powers_of_two():
@@ -46,7 +45,7 @@ def test_short_prompt_keeps_a_small_context_bucket():
     spec = BucketSpec(batch=(1, 2), contexts=(16, 64, 256), prefill_tokens=64, max_model_len=256)
     bucket = spec.select([_chunk(0, 5)])
     assert bucket == Bucket(num_seqs=1 + 4, num_tokens=64, context=16)
-    padded = GraphRunner(None, LAYOUT).pad([_chunk(0, 5)], bucket)
+    padded = pad_chunks([_chunk(0, 5)], bucket)
     assert [c.num_new for c in padded] == [5, 15, 15, 15, 14]
     step = pad_step(build_step_inputs(padded, LAYOUT), bucket, spec.seqs_bound)
     assert step.comp[(1, 1, False)].vis_idx.shape == (64, 16)
@@ -77,8 +76,7 @@ LAYOUT = CacheLayout(window=4, num_slots=5, block_size=16, compressors=[(4, 8, T
 
 def _padded(chunks, spec):
     bucket = spec.select(chunks)
-    runner = GraphRunner(None, LAYOUT)
-    return pad_step(build_step_inputs(runner.pad(chunks, bucket), LAYOUT), bucket, spec.seqs_bound), bucket
+    return spec.static_step(chunks, bucket, LAYOUT), bucket
 
 
 def _shapes(step):

@@ -1,7 +1,7 @@
 """NeuronGraphRunner: static-shape steps run through compiled layer regions (design.md §4, §5.1-5.4).
 
-Per step: pick a bucket (buckets.py), pad the chunks with placeholder rows (scratch slot 0 / block
-0, GraphRunner.pad), build StepInputs on the host and give every data-dependent length a static
+Per step: pick a bucket (worker/static_step.py BucketSpec), pad the chunks with placeholder rows (scratch slot 0 / block
+0, static_step.pad_chunks), build StepInputs on the host and give every data-dependent length a static
 size (pad_step), copy the metadata to the device once, then run the model with its decoder layers
 as compiled regions (neuron_ops/regions.py); the top level (embedding, head) stays eager. One graph
 per (token bucket, context bucket) and layer kind. A step that fits no bucket runs eagerly, unpadded.
@@ -13,8 +13,8 @@ import logging
 import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
-from deepinfer.worker.graph_runner import Bucket, GraphRunner
-from deepinfer.worker.static_step import BucketSpec, pad_step
+from deepinfer.worker.graph_runner import GraphRunner
+from deepinfer.worker.static_step import Bucket, BucketSpec
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,8 @@ class NeuronGraphRunner(GraphRunner):
 
     def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         bucket = self.select_bucket(chunks)
-        step = build_step_inputs(self.pad(chunks, bucket), self.layout)
-        if bucket is not None:
-            step = pad_step(step, bucket, self.buckets.seqs_bound)
+        step = (build_step_inputs(chunks, self.layout) if bucket is None
+                else self.buckets.static_step(chunks, bucket, self.layout))
         return step_to(step, self.platform.device), bucket
 
     @torch.inference_mode()
@@ -58,7 +57,7 @@ class NeuronGraphRunner(GraphRunner):
         if self.regions is None:
             return 0
         for bucket in self.buckets.all_buckets():
-            step = pad_step(build_step_inputs(self.pad([], bucket), self.layout), bucket, self.buckets.seqs_bound)
+            step = self.buckets.static_step([], bucket, self.layout)
             self.execute(step_to(step, self.platform.device), cache, bucket)
         return self.num_graphs
 
