@@ -1,10 +1,11 @@
 """NeuronGraphRunner: static-shape steps run through compiled layer regions (design.md §4, §5.1-5.4).
 
-Per step: pick a bucket (worker/static_step.py BucketSpec), pad the chunks with placeholder rows (scratch slot 0 / block
-0, static_step.pad_chunks), build StepInputs on the host and give every data-dependent length a static
-size (pad_step), copy the metadata to the device once, then run the model with its decoder layers
-as compiled regions (neuron_ops/regions.py); the top level (embedding, head) stays eager. One graph
-per (token bucket, context bucket) and layer kind. A step that fits no bucket runs eagerly, unpadded.
+Per step: pick a bucket (worker/static_step.py BucketSpec), pad the chunks with placeholder rows
+(scratch slot 0 / block 0), build StepInputs on the host and give every data-dependent length a
+static size (BucketSpec.static_step), copy the metadata to the device once, then run the model with
+its decoder layers as compiled regions (neuron_ops/regions.py); the top level (embedding, head) stays
+eager. One graph per (token bucket, context bucket) and layer kind. A step that fits no bucket runs
+eagerly, unpadded.
 """
 from __future__ import annotations
 
