@@ -8,6 +8,7 @@ from deepinfer.model_executor.forward_meta import SeqChunk
 from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.platforms import current_platform
+from deepinfer.stop_rules import banned_token_ids
 from deepinfer.worker import cache_engine
 from deepinfer.worker.graph_runner import EagerRunner
 
@@ -84,15 +85,6 @@ class Worker:
         self.last_prepare_s = 0.0
         self.last_sample_s = 0.0
 
-    def _banned(self, seq) -> list[int]:
-        p = seq.sampling_params
-        if len(seq.output_token_ids) >= (p.min_tokens or 0):
-            return []
-        banned = list(p.stop_token_ids or [])
-        if not p.ignore_eos:
-            banned += self.eos_ids
-        return banned
-
     @torch.inference_mode()
     def execute(self, scheduled) -> SamplerOutput:
         t0 = time.perf_counter()
@@ -109,7 +101,7 @@ class Worker:
         batch = SamplingBatch.build([s.seq.sampling_params for s in rows],
                                     [len(s.seq.token_ids) for s in rows],
                                     seeds=[s.seq.seed for s in rows],
-                                    banned_ids_per_row=[self._banned(s.seq) for s in rows],
+                                    banned_ids_per_row=[banned_token_ids(s.seq, self.eos_ids) for s in rows],
                                     device=logits.device)
         out = self.sampler.forward(logits, batch)
         t3 = time.perf_counter()
