@@ -1,5 +1,6 @@
-"""Helpers for model-level tests: random-weight tiny models, step drivers over a runner, runs of a
-loaded model with a given chunking, and the padding check of the static-shape runners."""
+"""Helpers for model-level tests: random-weight tiny models, step drivers over the ModelRunner (the
+engine's step entry point) with a given runner strategy, runs of a loaded model with a given
+chunking, and the padding check of the static-shape strategies."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +10,7 @@ from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.model_executor.tiny_checkpoint import dense_value, v4_tiny_config, v41_tiny_config
 from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
+from deepinfer.worker.model_runner import ModelRunner
 
 
 def tiny_config(kind: str, layers: int | None = None, **over) -> ModelConfig:
@@ -34,15 +36,18 @@ def tiny_model(cfg: ModelConfig, platform=None, seed: int = 0, like: DeepseekV4M
 
 
 class Seqs:
-    """A few sequences fed step by step through a runner, with their own slots and blocks."""
+    """A few sequences fed step by step through a ModelRunner, with their own slots and blocks."""
 
-    def __init__(self, model, runner_cls, prompts: list[list[int]], num_slots: int = 5, num_blocks: int = 48,
-                 block_size: int | None = None, kv_cache_mode: str = "plain", **runner_kw):
+    def __init__(self, model, strategy_cls, prompts: list[list[int]], num_slots: int = 5, num_blocks: int = 48,
+                 block_size: int | None = None, kv_cache_mode: str = "plain", fp8_max: float = 448.0,
+                 **strategy_kw):
         cfg = model.cfg
         self.bs = block_size or default_block_size(cfg)
         self.layout = cache_layout(cfg, num_slots, self.bs, model.engram_spec)
-        self.cache = allocate_cache(cfg, num_slots, num_blocks, self.bs, torch.float32, mode=kv_cache_mode)
-        self.runner = runner_cls(model, self.layout, **runner_kw)
+        self.cache = allocate_cache(cfg, num_slots, num_blocks, self.bs, torch.float32, mode=kv_cache_mode,
+                                    fp8_max=fp8_max)
+        self.strategy = strategy_cls(model, self.layout, **strategy_kw)
+        self.runner = ModelRunner(model, self.cache, self.layout, self.strategy)
         self.tokens = [list(p) for p in prompts]
         self.done = [0] * len(prompts)
         per = (num_blocks - 1) // len(prompts)
@@ -55,7 +60,7 @@ class Seqs:
     def step(self, sizes: dict[int, int]) -> torch.Tensor:
         """Feed sizes[i] tokens of sequence i (already in self.tokens); returns one logits row each."""
         chunks = [self.chunk(i, n) for i, n in sizes.items()]
-        logits = self.runner.run(chunks, self.cache)
+        logits = self.runner.run(chunks).logits
         for i, n in sizes.items():
             self.done[i] += n
         return logits

@@ -1,4 +1,4 @@
-"""CudaGraphRunner: decode steps padded to (row, context) buckets and replayed from captured graphs.
+"""CudaGraphStrategy: decode steps padded to (row, context) buckets and replayed from captured graphs.
 
 Without a GPU the runner runs with HostReplay in place of CUDA graph capture: buckets, placeholder
 capture, the persistent input buffers refilled every step, the fixed-shape MoE and the output
@@ -22,9 +22,10 @@ from deepinfer.engine_config import EngineConfig
 from deepinfer.model_executor.forward_meta import SeqChunk, step_to
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
-from deepinfer.worker.cuda_graph_runner import CudaGraphRunner, HostReplay, cuda_batch_buckets
-from deepinfer.worker.graph_runner import EagerRunner
-from deepinfer.worker.static_step import Bucket, BucketSpec
+from deepinfer.platforms.cuda import cuda_batch_buckets
+from deepinfer.worker.runners.cuda_graphs import CudaGraphStrategy, HostReplay
+from deepinfer.worker.runners.eager import EagerStrategy
+from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.worker.worker import Worker, build_model
 from model_helpers import Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config, tiny_model
 
@@ -116,7 +117,7 @@ def test_padded_decode_step_is_capturable(kind, dtype, mode):
 # -- the runner on CPU with HostReplay --------------------------------------------------------------
 
 def _host_runner(spec):
-    return functools.partial(CudaGraphRunner, buckets=spec, capture=HostReplay())
+    return functools.partial(CudaGraphStrategy, buckets=spec, capture=HostReplay())
 
 
 @pytest.fixture(scope="module", params=["v4", "v41"])
@@ -132,9 +133,9 @@ def test_padding_rows_never_change_real_rows(rand_model):
     m = rand_model
     spec = BucketSpec(batch=(4,), contexts=(64,), prefill_tokens=None)
     padded = Seqs(m, _host_runner(spec), PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS)
-    plain = Seqs(m, EagerRunner, PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS)
+    plain = Seqs(m, EagerStrategy, PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS)
     run_in_lockstep(padded, plain, 14)
-    r = padded.runner
+    r = padded.strategy
     assert r.eager_steps == 1 and r.replays == 13 and list(r.graphs) == [Bucket(4, 4, 64)]
     used_blocks = set(padded.tables[0][:3]) | set(padded.tables[1][:3])
     assert_padding_wrote_only_scratch(padded.cache, plain.cache, {1, 2}, used_blocks, SLOTS, BLOCKS)
@@ -151,18 +152,18 @@ def test_replay_refuses_another_cache_or_a_foreign_step(rand_model):
     s.tokens[0].append(7)
     s.tokens[1].append(8)
     other = allocate_cache(m.cfg, SLOTS, BLOCKS, s.bs, torch.float32)
-    step, bucket = s.runner.prepare([s.chunk(0, 1), s.chunk(1, 1)])
+    step, bucket = s.strategy.prepare([s.chunk(0, 1), s.chunk(1, 1)])
     with pytest.raises(RuntimeError, match="cache it was captured with"):
-        s.runner.execute(step, other, bucket)
+        s.strategy.forward(step, other, bucket)
     narrow = dataclasses.replace(step, swa_write_src=step.swa_write_src[:1])
     with pytest.raises(RuntimeError, match="does not match the graph"):
-        s.runner.execute(narrow, s.cache, bucket)
+        s.strategy.forward(narrow, s.cache, bucket)
 
 
-def _engine(model_dir, model, runner_cls=None, **kw):
+def _engine(model_dir, model, strategy_cls=None, **kw):
     cfg = ModelConfig.from_pretrained(model_dir)
     ec = EngineConfig(model=str(model_dir), dtype="float32", **kw).resolve(cfg)
-    worker = Worker(cfg, ec, model=model, runner_cls=runner_cls)
+    worker = Worker(cfg, ec, model=model, strategy_cls=strategy_cls)
     return LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
 
 
@@ -189,14 +190,14 @@ def test_engine_tokens_equal_eager(kind, mode, tiny_v4_dir, tiny_v41_dir, monkey
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, top_p=0.9, seed=i, max_tokens=3 + 4 * i,
                              ignore_eos=True) for i in range(5)]
     kw = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512, kv_cache_mode=mode)
-    want = [o.outputs[0].token_ids for o in _engine(d, model, EagerRunner, **kw).generate(prompts, params,
+    want = [o.outputs[0].token_ids for o in _engine(d, model, EagerStrategy, **kw).generate(prompts, params,
                                                                                            use_tqdm=False)]
     spec = BucketSpec(batch=cuda_batch_buckets(8), contexts=None, prefill_tokens=None, max_model_len=256)
     monkeypatch.undo()
     llm = _engine(d, model, _host_runner(spec), **kw)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
-    r = llm.llm_engine.worker.runner
+    r = llm.llm_engine.worker.runner.strategy
     assert {b.num_seqs for b in r.graphs} >= {1, 2, 8} and r.replays > 0 and r.eager_steps >= 1
     assert llm.llm_engine.stats().num_used_blocks == 0
 
@@ -209,12 +210,12 @@ def test_warm_up_captures_every_bucket_at_engine_start(tiny_v41_dir):
                   warmup_graphs=True)
     worker = llm.llm_engine.worker
     assert worker.warmup_graphs == 3 * 2 == worker.runner.num_graphs   # rows 1, 2, 4 x contexts 64, 128
-    graphs = worker.runner.graphs   # one logits buffer per row count, shared across context buckets
+    graphs = worker.runner.strategy.graphs   # one logits buffer per row count, shared across context buckets
     assert graphs[Bucket(4, 4, 64)].output is graphs[Bucket(4, 4, 128)].output
     assert len({id(g.output) for g in graphs.values()}) == 3
     llm.generate(_prompts(3, seed=4), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
                  use_tqdm=False)
-    assert worker.runner.num_graphs == 6 and worker.runner.replays > 0
+    assert worker.runner.num_graphs == 6 and worker.runner.strategy.replays > 0
     assert llm.llm_engine.stats().num_graphs == 6
     with pytest.raises(ValueError, match="warmup_graphs"):
         EngineConfig(model=str(d), warmup_graphs="yes")
@@ -233,15 +234,15 @@ def test_cuda_graphs_equal_eager_on_gpu(kind, tiny_v4_dir, tiny_v41_dir, monkeyp
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     kw = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512)
 
-    def run(runner_cls):
+    def run(strategy_cls):
         cfg = ModelConfig.from_pretrained(d)
         ec = EngineConfig(model=str(d), dtype="float32", **kw).resolve(cfg)
-        worker = Worker(cfg, ec, model=model, runner_cls=runner_cls, platform=platform)
+        worker = Worker(cfg, ec, model=model, strategy_cls=strategy_cls, platform=platform)
         llm = LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
-        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], worker.runner
-    want, _ = run(EagerRunner)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], worker.runner.strategy
+    want, _ = run(EagerStrategy)
     got, runner = run(None)
-    assert isinstance(runner, CudaGraphRunner) and runner.num_graphs >= 1 and runner.replays > 0
+    assert isinstance(runner, CudaGraphStrategy) and runner.num_graphs >= 1 and runner.replays > 0
     assert got == want
 
 

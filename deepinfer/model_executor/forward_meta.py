@@ -60,7 +60,7 @@ class StepInputs:
     ring_rows: int                # num_slots * W
     comp: dict = field(default_factory=dict)  # (ratio, ring, overlap) -> CompressMeta
     ngram_ids: torch.Tensor | None = None      # [T, N] compressed ids of tokens t, t-1, ... (pad before start)
-    static_shapes: bool = False                # padded to a bucket (worker/static_step.py): the forward
+    static_shapes: bool = False                # padded to a bucket (model_executor/static_step.py): the forward
                                                # must use fixed-shape, sync-free kernels (routed MoE)
 
     @property

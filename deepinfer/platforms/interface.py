@@ -1,4 +1,8 @@
-"""The Platform interface (design.md §3): everything that differs per accelerator."""
+"""The Platform interface (docs/architecture.md): everything that differs per accelerator.
+
+The engine and the worker ask; the platform answers and never imports worker or engine code
+(tests/test_import_cycles.py). Every member here is used by the engine.
+"""
 from __future__ import annotations
 
 import torch
@@ -6,40 +10,26 @@ import torch
 
 class Platform:
     name: str = "base"
-    dist_backend: str = "gloo"
-    fp8_max: float = 448.0          # OCP e4m3fn; trn2's IEEE e4m3 tops out at 240
+    dist_backend: str = "gloo"      # torch.distributed backend of this platform's ranks
+    # Largest magnitude the engine itself encodes as fp8 e4m3 (compact KV records): OCP e4m3fn holds
+    # 448. Neuron lowers this to 224: trn2 reads the bytes as IEEE e4m3, whose max is 240.
+    fp8_max: float = 448.0
     is_host_mode: bool = False
+    # Which runner strategy runs a step (deepinfer/worker/runners/: "eager", "cuda_graphs",
+    # "neuron_regions"), by name so the platform never imports the worker.
+    runner_strategy: str = "eager"
 
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    @property
-    def graph_runner_cls(self):
-        from deepinfer.worker.graph_runner import EagerRunner
-        return EagerRunner
-
-    def num_devices(self) -> int:
-        return 1
-
     def set_device(self, rank: int) -> None:
-        pass
+        """Select the device of local rank `rank`; the worker calls it first, before the model exists."""
 
-    def synchronize(self) -> None:
-        pass
-
-    def empty_cache(self) -> None:
-        pass
-
-    def memory_info(self) -> tuple[int, int]:
-        """(free, total) bytes of the memory the KV pool is carved from."""
-        import os
-        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-        avail = os.sysconf("SC_AVPHYS_PAGES") * page
-        return avail, pages * page
-
-    def supports_fp8_dtype(self) -> bool:
-        return True
+    def bucket_spec(self, engine_config):
+        """Static step shapes of this platform's runner strategy (a model_executor.static_step.BucketSpec),
+        or None when steps run as they come (eager)."""
+        return None
 
     def validate_config(self, engine_config, model_config) -> None:
         """Raise ValueError for what this backend cannot run."""

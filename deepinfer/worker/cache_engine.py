@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model_executor.forward_meta import CacheLayout
+from deepinfer.model_executor.layers import quant
 from deepinfer.model_executor.models.v4_attention import compressor_spec
 from deepinfer.model_executor.models.v4_common import CacheFormats, ModelCache
 from deepinfer.worker.kv_records import record_format
@@ -66,17 +67,18 @@ def storage_plan(cfg, block_size: int, dtype: torch.dtype) -> list[StorageItem]:
     return items
 
 
-def cache_formats(cfg, mode: str, dtype: torch.dtype) -> CacheFormats:
-    return CacheFormats(swa=record_format("swa", cfg.head_dim, mode, dtype),
-                        entries=record_format("entries", cfg.head_dim, mode, dtype),
-                        index=record_format("index", cfg.index_head_dim, mode, dtype))
+def cache_formats(cfg, mode: str, dtype: torch.dtype, fp8_max: float = quant.FP8_E4M3_MAX) -> CacheFormats:
+    return CacheFormats(swa=record_format("swa", cfg.head_dim, mode, dtype, fp8_max),
+                        entries=record_format("entries", cfg.head_dim, mode, dtype, fp8_max),
+                        index=record_format("index", cfg.index_head_dim, mode, dtype, fp8_max))
 
 
 def allocate_cache(cfg, num_slots: int, num_blocks: int, block_size: int, dtype: torch.dtype,
-                   device="cpu", mode: str = "plain") -> ModelCache:
+                   device="cpu", mode: str = "plain", fp8_max: float = quant.FP8_E4M3_MAX) -> ModelCache:
     """mode "plain" stores values in `dtype`; "compact" stores DeepSeek's byte records
-    (worker/kv_records.py). Compressor state rings are never compacted."""
-    fmts = cache_formats(cfg, mode, dtype)
+    (worker/kv_records.py) whose e4m3 bytes stay within `fp8_max` (the platform's).
+    Compressor state rings are never compacted."""
+    fmts = cache_formats(cfg, mode, dtype, fp8_max)
     cache = ModelCache(formats=fmts)
     for it in storage_plan(cfg, block_size, dtype):
         n = it.rows_per * (num_slots if it.per == "slot" else num_blocks)

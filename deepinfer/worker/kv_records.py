@@ -5,7 +5,9 @@
 - compressed main KV: packed e2m1 + one e4m3 scale per 16 (288 B for d = 512);
 - index keys: packed e2m1 + one ue8m0 scale per 32 (68 B for 128 values).
 Writes encode, reads decode only the gathered rows, so attention always sees dequantized values
-(and, as in DeepSeek's prefill, this step's own SWA rows are read back round-tripped)."""
+(and, as in DeepSeek's prefill, this step's own SWA rows are read back round-tripped).
+Every e4m3 byte written (SWA values, main-KV scales) is at most the platform's `fp8_max` in
+magnitude: 448 for OCP e4m3fn, 224 on Neuron, whose device reads the bytes as IEEE e4m3 (max 240)."""
 import torch
 
 from deepinfer.model_executor.layers import quant
@@ -34,9 +36,9 @@ class Fp8Ue8m0Format:
     """e4m3 bytes followed by one ue8m0 byte per 32 values."""
     name = "fp8_ue8m0"
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, fp8_max: float = quant.FP8_E4M3_MAX):
         assert width % 32 == 0
-        self.width = width
+        self.width, self.fp8_max = width, fp8_max
 
     def record_bytes(self) -> int:
         return self.width + self.width // 32
@@ -47,7 +49,7 @@ class Fp8Ue8m0Format:
         return rec
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        q, s = quant.quantize_fp8_block(x.float(), block=(1, 32), scale_fmt="ue8m0")
+        q, s = quant.quantize_fp8_block(x.float(), block=(1, 32), scale_fmt="ue8m0", fp8_max=self.fp8_max)
         return torch.cat([q.view(torch.uint8), s.view(torch.uint8)], dim=-1)
 
     def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -59,9 +61,9 @@ class Fp8Ue8m0Format:
 class Fp4Format:
     """Packed e2m1 bytes followed by one scale byte per `group` values (e4m3 or ue8m0)."""
 
-    def __init__(self, width: int, group: int, scale_fmt: str):
+    def __init__(self, width: int, group: int, scale_fmt: str, fp8_max: float = quant.FP8_E4M3_MAX):
         assert width % group == 0 and group % 2 == 0
-        self.width, self.group, self.scale_fmt = width, group, scale_fmt
+        self.width, self.group, self.scale_fmt, self.fp8_max = width, group, scale_fmt, fp8_max
         self.name = f"fp4_{scale_fmt}_{group}"
 
     def record_bytes(self) -> int:
@@ -74,7 +76,8 @@ class Fp4Format:
         return rec
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        packed, s = quant.quantize_fp4(x.float(), group=self.group, scale_fmt=self.scale_fmt)
+        packed, s = quant.quantize_fp4(x.float(), group=self.group, scale_fmt=self.scale_fmt,
+                                      fp8_max=self.fp8_max)
         return torch.cat([packed.view(torch.uint8), s.contiguous().view(torch.uint8)], dim=-1)
 
     def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -84,16 +87,17 @@ class Fp4Format:
         return (values * s.repeat_interleave(self.group, dim=-1)).to(dtype)
 
 
-def record_format(kind: str, width: int, mode: str, dtype: torch.dtype):
-    """Format of one store kind ("swa" | "entries" | "index") in a cache mode ("plain" | "compact")."""
+def record_format(kind: str, width: int, mode: str, dtype: torch.dtype, fp8_max: float = quant.FP8_E4M3_MAX):
+    """Format of one store kind ("swa" | "entries" | "index") in a cache mode ("plain" | "compact");
+    fp8_max: the platform's largest e4m3 magnitude to encode."""
     if mode == "plain":
         return PlainFormat(width, dtype)
     if mode != "compact":
         raise ValueError(f"kv_cache_mode: expected 'plain' or 'compact', got {mode!r}")
     if kind == "swa":
-        return Fp8Ue8m0Format(width)
+        return Fp8Ue8m0Format(width, fp8_max)
     if kind == "entries":
-        return Fp4Format(width, 16, "e4m3")
+        return Fp4Format(width, 16, "e4m3", fp8_max)
     if kind == "index":
         return Fp4Format(width, 32, "ue8m0")
     raise ValueError(f"kind: no compact format for {kind!r}")

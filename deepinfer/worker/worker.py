@@ -1,16 +1,18 @@
-"""One rank: the model, its caches and a graph runner; turns scheduled sequences into sampled tokens."""
+"""One rank: selects its device through the platform, builds the model and its caches, and holds the
+ModelRunner (worker/model_runner.py) that runs each step; turns scheduled sequences into sampled tokens."""
 import logging
 import time
 
 import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk
-from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
+from deepinfer.model_executor.layers.sampler import SamplerOutput
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.platforms import current_platform
 from deepinfer.stop_rules import banned_token_ids
 from deepinfer.worker import cache_engine
-from deepinfer.worker.graph_runner import EagerRunner
+from deepinfer.worker.model_runner import ModelRunner, SampleRequest
+from deepinfer.worker.runners import EagerStrategy, strategy_class
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +41,16 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
 
 
 class Worker:
-    def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, runner_cls=None,
-                 platform=None):
+    def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, strategy_cls=None,
+                 platform=None, rank: int = 0, **strategy_kw):
+        """strategy_cls / strategy_kw: a runner strategy other than the platform's (tests)."""
         self.model_config = model_config
         self.engine_config = engine_config
         self.platform = platform or current_platform()
         self.platform.validate_config(engine_config, model_config)
+        # before anything touches the device: on Neuron this picks the rank's core
+        self.rank = int(rank)
+        self.platform.set_device(self.rank)
         self.dtype = resolve_dtype(engine_config.dtype, model_config)
         t0 = time.perf_counter()
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
@@ -55,55 +61,50 @@ class Worker:
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
         self.kv_cache_mode = engine_config.kv_cache_mode
         self.bytes_per_block = cache_engine.bytes_per_block(cfg, self.block_size, self.dtype, self.kv_cache_mode)
-        max_len = int(engine_config.max_model_len)
-        min_blocks = -(-max_len // self.block_size) + 1
-        if engine_config.num_kv_blocks is not None:
-            self.num_kv_blocks = int(engine_config.num_kv_blocks)
-            if self.num_kv_blocks < min_blocks:
-                raise ValueError(f"num_kv_blocks: must be >= {min_blocks} to hold one max_model_len "
-                                 f"({max_len}) sequence plus the scratch block, got {self.num_kv_blocks}")
-        else:
-            budget = int(engine_config.kv_cache_memory_bytes)
-            want = -(-max_len // self.block_size) * int(engine_config.max_num_seqs) + 1
-            self.num_kv_blocks = max(min_blocks, min(want, budget // max(1, self.bytes_per_block)))
-        self.cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
-                                                 self.dtype, device=self.platform.device, mode=self.kv_cache_mode)
-        self.layout = cache_engine.cache_layout(cfg, self.num_state_slots, self.block_size,
-                                                getattr(self.model, "engram_spec", None))
-        if runner_cls is None:
-            runner_cls = EagerRunner if engine_config.enforce_eager else self.platform.graph_runner_cls
-        self.runner = runner_cls(self.model, self.layout)
+        self.num_kv_blocks = self._num_kv_blocks()
+        cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
+                                            self.dtype, device=self.platform.device, mode=self.kv_cache_mode,
+                                            fp8_max=self.platform.fp8_max)
+        layout = cache_engine.cache_layout(cfg, self.num_state_slots, self.block_size,
+                                           getattr(self.model, "engram_spec", None))
+        if strategy_cls is None:
+            strategy_cls = EagerStrategy if engine_config.enforce_eager else strategy_class(
+                self.platform.runner_strategy)
+        buckets = None if strategy_cls is EagerStrategy else self.platform.bucket_spec(engine_config)
+        if buckets is not None:
+            strategy_kw.setdefault("buckets", buckets)
+        strategy = strategy_cls(self.model, layout, platform=self.platform, **strategy_kw)
+        self.runner = ModelRunner(self.model, cache, layout, strategy)
         self.warmup_s, self.warmup_graphs = 0.0, 0
         if engine_config.warmup_graphs:
             t0 = time.perf_counter()
-            self.warmup_graphs = self.runner.warm_up(self.cache)
+            self.warmup_graphs = self.runner.warm_up()
             self.warmup_s = time.perf_counter() - t0
             logger.info("warm-up: %d graphs in %.1f s", self.warmup_graphs, self.warmup_s)
-        self.sampler = Sampler()
         self.eos_ids = list(getattr(cfg, "eos_token_ids", []) or [])
-        self.last_forward_s = 0.0
-        self.last_prepare_s = 0.0
-        self.last_sample_s = 0.0
 
-    @torch.inference_mode()
+    def _num_kv_blocks(self) -> int:
+        ec = self.engine_config
+        max_len = int(ec.max_model_len)
+        min_blocks = -(-max_len // self.block_size) + 1
+        if ec.num_kv_blocks is not None:
+            if int(ec.num_kv_blocks) < min_blocks:
+                raise ValueError(f"num_kv_blocks: must be >= {min_blocks} to hold one max_model_len "
+                                 f"({max_len}) sequence plus the scratch block, got {ec.num_kv_blocks}")
+            return int(ec.num_kv_blocks)
+        budget = int(ec.kv_cache_memory_bytes)
+        want = -(-max_len // self.block_size) * int(ec.max_num_seqs) + 1
+        return max(min_blocks, min(want, budget // max(1, self.bytes_per_block)))
+
+    @property
+    def cache(self):
+        return self.runner.cache
+
     def execute(self, scheduled) -> SamplerOutput:
-        t0 = time.perf_counter()
+        """One engine step: the scheduled rows as chunks, each sampling row's request, through the runner."""
         chunks = [SeqChunk(slot=s.seq.state_slot, ctx_len=s.seq.num_computed_tokens, num_new=s.num_new_tokens,
                            block_table=s.seq.block_table, token_ids=s.seq.token_ids,
                            num_logits=1 if s.do_sample else 0) for s in scheduled]
-        step, bucket = self.runner.prepare(chunks)
-        t1 = time.perf_counter()
-        logits = self.runner.execute(step, self.cache, bucket)
-        n_real = sum(min(c.num_logits, c.num_new) for c in chunks)
-        logits = logits[:n_real]
-        t2 = time.perf_counter()
-        rows = [s for s in scheduled if s.do_sample]
-        batch = SamplingBatch.build([s.seq.sampling_params for s in rows],
-                                    [len(s.seq.token_ids) for s in rows],
-                                    seeds=[s.seq.seed for s in rows],
-                                    banned_ids_per_row=[banned_token_ids(s.seq, self.eos_ids) for s in rows],
-                                    device=logits.device)
-        out = self.sampler.forward(logits, batch)
-        t3 = time.perf_counter()
-        self.last_prepare_s, self.last_forward_s, self.last_sample_s = t1 - t0, t2 - t1, t3 - t2
-        return out
+        samples = [SampleRequest(s.seq.sampling_params, len(s.seq.token_ids), s.seq.seed,
+                                 tuple(banned_token_ids(s.seq, self.eos_ids))) for s in scheduled if s.do_sample]
+        return self.runner.run(chunks, samples).sampled

@@ -5,9 +5,9 @@
 
 For each checkpoint, three runners decode the same batch in lockstep (one step of each in turn, so
 load changes on the machine hit all three alike):
-  compiled  NeuronGraphRunner, layer regions compiled (DEEPINFER_NEURON_COMPILE_BACKEND / --backend)
-  eager     NeuronGraphRunner without compilation (same buckets, padding and kernels)
-  cpu       the CPU platform's EagerRunner (no padding, CPU kernels)
+  compiled  NeuronRegionStrategy, layer regions compiled (DEEPINFER_NEURON_COMPILE_BACKEND / --backend)
+  eager     NeuronRegionStrategy without compilation (same buckets, padding and kernels)
+  cpu       the CPU platform's EagerStrategy (no padding, CPU kernels)
 It prints a table (median / mean decode step ms, ratio compiled/eager, graphs compiled, compile time)
 and writes JSON. Host-mode times say nothing about Trainium: they measure graph overhead on a CPU.
 """
@@ -30,10 +30,9 @@ def bench_kind(kind: str, args) -> dict:
     from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
     from deepinfer.neuron_ops.regions import RegionRunner
     from deepinfer.platforms.cpu import CpuPlatform
-    from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
     from deepinfer.platforms.neuron.platform import NeuronPlatform
-    from deepinfer.worker.graph_runner import EagerRunner
-    from deepinfer.worker.static_step import BucketSpec
+    from deepinfer.worker.runners import EagerStrategy, NeuronRegionStrategy
+    from deepinfer.model_executor.static_step import BucketSpec
     from deepinfer.worker.worker import build_model
     from model_helpers import Seqs, tiny_model
 
@@ -51,9 +50,9 @@ def bench_kind(kind: str, args) -> dict:
     regions = RegionRunner(args.backend)
     kw = dict(num_slots=args.batch + 1, num_blocks=args.batch * (args.context // 16 + 1) + 1)
     runs = {
-        "compiled": Seqs(host_model, NeuronGraphRunner, prompts, platform=host, buckets=spec, regions=regions, **kw),
-        "eager": Seqs(host_model, NeuronGraphRunner, prompts, platform=host, buckets=spec, compile=False, **kw),
-        "cpu": Seqs(cpu_model, EagerRunner, prompts, **kw),
+        "compiled": Seqs(host_model, NeuronRegionStrategy, prompts, platform=host, buckets=spec, regions=regions, **kw),
+        "eager": Seqs(host_model, NeuronRegionStrategy, prompts, platform=host, buckets=spec, compile=False, **kw),
+        "cpu": Seqs(cpu_model, EagerStrategy, prompts, **kw),
     }
     times = {name: [] for name in runs}
     tokens = {name: [] for name in runs}

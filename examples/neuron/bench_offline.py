@@ -93,7 +93,7 @@ def bench_engine(llm: LLM, batch: int, input_len: int, output_len: int) -> dict:
     def hook(timing):
         if timing.num_prefill_tokens == 0 and timing.num_decode_tokens == batch:
             w = engine.worker
-            decode_steps.append((timing.total_s, w.last_forward_s))
+            decode_steps.append((timing.total_s, w.runner.last_timing.forward_s))
 
     engine.timing_hook = hook
     t0 = time.perf_counter()
@@ -111,21 +111,22 @@ def bench_engine(llm: LLM, batch: int, input_len: int, output_len: int) -> dict:
     seqs_prompts = [{"prompt_token_ids": p} for p in _prompts(batch, input_len)]
     captured = {}
     worker = engine.worker
-    orig_execute = worker.runner.execute
+    strategy = worker.runner.strategy
+    orig_forward = strategy.forward
 
-    def recording_execute(step, cache, bucket):
+    def recording_forward(step, cache, bucket):
         if step.num_tokens == batch and "calls" not in captured and int(step.positions.min()) >= input_len:
             with rec:
-                out = orig_execute(step, cache, bucket)
+                out = orig_forward(step, cache, bucket)
             captured["calls"] = list(rec.calls)
             return out
-        return orig_execute(step, cache, bucket)
+        return orig_forward(step, cache, bucket)
 
-    worker.runner.execute = recording_execute
+    strategy.forward = recording_forward
     try:
         llm.generate(seqs_prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     finally:
-        worker.runner.execute = orig_execute
+        strategy.forward = orig_forward
     floor_s = _time_matmuls(captured["calls"])
     return {"tokens_per_s": n_out / elapsed, "elapsed_s": elapsed, "decode_step_s": step_s,
             "forward_s": fwd_s, "overhead_frac": (step_s - fwd_s) / step_s,

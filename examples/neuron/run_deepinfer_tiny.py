@@ -40,7 +40,7 @@ def generate(engine_config, model_config, model, platform, prompts, max_tokens):
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs], time.perf_counter() - t0, worker.runner
+    return [list(o.outputs[0].token_ids) for o in outs], time.perf_counter() - t0, worker.runner.strategy
 
 
 def run_kind(kind: str, args) -> bool:

@@ -3,7 +3,7 @@ import pytest
 
 from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, build_step_inputs
 from deepinfer.platforms.neuron.buckets import batch_buckets
-from deepinfer.worker.static_step import Bucket, BucketSpec, entry_cap, pad_chunks, pad_step
+from deepinfer.model_executor.static_step import Bucket, BucketSpec, entry_cap, pad_chunks, pad_step
 
 
 def test_batch_buckets_are_powers_of_two():

@@ -24,7 +24,7 @@ def test_accelerator_env_selects_neuron_host_mode(monkeypatch, fresh_platform):
     p = current_platform()
     assert isinstance(p, NeuronPlatform) and p.is_host_mode
     assert p.device == torch.device("cpu") and p.dist_backend == "gloo"
-    assert p.fp8_max == 240.0 and p.num_devices() == 1
+    assert p.fp8_max == 224.0 <= 240.0 and p.runner_strategy == "neuron_regions"
     assert p.compile_backend == "aot_eager"
 
 
@@ -36,7 +36,7 @@ def test_env_vars_are_resolved_at_construction(monkeypatch):
     p = NeuronPlatform(host=True)
     monkeypatch.delenv("DEEPINFER_NEURON_CTX_BUCKETS")
     assert (p.compile_backend, p.ctx_buckets, p.prefill_bucket, p.region_split) == ("inductor", [128, 512], [16, 64], True)
-    spec = p.bucket_spec(max_num_seqs=6)
+    spec = p.bucket_spec(SimpleNamespace(max_num_seqs=6, max_num_batched_tokens=64, max_model_len=512))
     assert spec.batch == (1, 2, 4, 8) and spec.contexts == (128, 512) and spec.prefill_tokens == (16, 64)
 
 
@@ -46,11 +46,11 @@ def test_bad_compile_backend_is_rejected(monkeypatch):
         NeuronPlatform(host=True)
 
 
-def test_validate_config_records_limits_and_rejects_bad_buckets(monkeypatch):
+def test_bucket_spec_comes_from_the_engine_config_and_bad_buckets_are_rejected(monkeypatch):
     eng = SimpleNamespace(max_num_seqs=3, max_num_batched_tokens=48, max_model_len=300)
     p = NeuronPlatform(host=True)
     p.validate_config(eng, None)
-    spec = p.bucket_spec(max_num_seqs=99)
+    spec = p.bucket_spec(eng)
     assert spec.batch == (1, 2, 4) and spec.prefill_tokens == (48,) and spec.max_model_len == 300
     monkeypatch.setenv("DEEPINFER_NEURON_CTX_BUCKETS", "128,256")
     with pytest.raises(ValueError, match="DEEPINFER_NEURON_CTX_BUCKETS.*max_model_len"):
@@ -74,9 +74,10 @@ def test_kernel_table_maps_every_model_kernel():
         p.kernel("flash_attention")
 
 
-def test_graph_runner_cls_is_bound_to_the_platform():
+def test_platform_names_its_runner_strategy():
+    from deepinfer.worker.runners import NeuronRegionStrategy, strategy_class
     p = NeuronPlatform(host=True)
-    assert p.graph_runner_cls.__name__ == "NeuronGraphRunner"
+    assert strategy_class(p.runner_strategy) is NeuronRegionStrategy
 
 
 def test_compiler_flags_keep_user_flags(monkeypatch):
@@ -104,7 +105,7 @@ def test_device_mode_without_torch_neuronx_says_so():
 
 def test_nothing_device_only_is_imported():
     code = ("import sys, os; os.environ['DEEPINFER_ACCELERATOR']='neuron'; os.environ['DEEPINFER_NEURON_HOST']='1';"
-            "import deepinfer.platforms.neuron.platform, deepinfer.platforms.neuron.graph_runner, "
+            "import deepinfer.platforms.neuron.platform, deepinfer.worker.runners.neuron_regions, "
             "deepinfer.neuron_ops.regions, deepinfer.neuron_ops.kernels, deepinfer.neuron_ops.fp8_guard, "
             "deepinfer.neuron_ops.nki.blockquant, deepinfer.neuron_ops.nki.sparse_attn;"
             "from deepinfer.platforms import current_platform; p = current_platform(); p.kernel('rms_norm');"

@@ -3,8 +3,8 @@ cache rows: a padded run and an unpadded run of the same schedule agree on logit
 cache row of slots >= 1 / blocks >= 1; padding writes only slot 0 and block 0."""
 import pytest
 
-from deepinfer.worker.static_step import BucketSpec
-from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
+from deepinfer.model_executor.static_step import BucketSpec
+from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
 from deepinfer.platforms.neuron.platform import NeuronPlatform
 from model_helpers import Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config, tiny_model
 
@@ -20,12 +20,12 @@ def model(request):
 
 def test_padding_rows_never_change_real_rows(model):
     m, host = model
-    padded = Seqs(m, NeuronGraphRunner, PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS, platform=host,
+    padded = Seqs(m, NeuronRegionStrategy, PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS, platform=host,
                   buckets=BucketSpec(batch=(4,), contexts=(64,), prefill_tokens=24), compile=False)
-    plain = Seqs(m, NeuronGraphRunner, PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS, platform=host,
+    plain = Seqs(m, NeuronRegionStrategy, PROMPTS, num_slots=SLOTS, num_blocks=BLOCKS, platform=host,
                  buckets=BucketSpec(batch=(1,), contexts=(64,), prefill_tokens=None), compile=False)
     run_in_lockstep(padded, plain, 14)
-    assert padded.runner.buckets_seen == {(24, 64), (4, 64)} and plain.runner.eager_steps == 14
+    assert padded.strategy.buckets_seen == {(24, 64), (4, 64)} and plain.strategy.eager_steps == 14
 
     used_blocks = set(padded.tables[0][:3]) | set(padded.tables[1][:3])
     assert_padding_wrote_only_scratch(padded.cache, plain.cache, {1, 2}, used_blocks, SLOTS, BLOCKS)

@@ -11,10 +11,10 @@ from torch._dynamo.utils import counters
 from deepinfer.config import ModelConfig
 from deepinfer.neuron_ops.regions import RegionRunner, layer_kind
 from deepinfer.platforms.cpu import CpuPlatform
-from deepinfer.worker.static_step import BucketSpec
-from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
+from deepinfer.model_executor.static_step import BucketSpec
+from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
 from deepinfer.platforms.neuron.platform import NeuronPlatform
-from deepinfer.worker.graph_runner import EagerRunner
+from deepinfer.worker.runners.eager import EagerStrategy
 from deepinfer.worker.worker import build_model
 from model_helpers import Seqs, run_in_lockstep, tiny_config, tiny_model
 
@@ -39,7 +39,7 @@ def _kinds(model) -> int:
 
 
 def _logits(kind, model, runner_kw, steps=5, kv_cache_mode="plain"):
-    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC[kind], kv_cache_mode=kv_cache_mode,
+    s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC[kind], kv_cache_mode=kv_cache_mode,
              **runner_kw)
     out, sizes = [], {0: len(PROMPTS[0]), 1: len(PROMPTS[1])}
     for _ in range(steps):
@@ -48,7 +48,7 @@ def _logits(kind, model, runner_kw, steps=5, kv_cache_mode="plain"):
         for row, i in enumerate(sizes):
             s.tokens[i].append(int(logits[row].argmax()))
         sizes = {0: 1, 1: 1}
-    return torch.cat(out), s.runner
+    return torch.cat(out), s.strategy
 
 
 @pytest.mark.parametrize("kind,layers", [("v4", 6), ("v41", 8)])
@@ -82,18 +82,18 @@ def test_warm_up_compiles_every_bucket_before_the_first_request():
     """warm_up builds each (bucket, layer kind) graph from placeholder rows: nothing outside slot 0 /
     block 0 is written, and the real steps that follow compile nothing more and match eager."""
     model = tiny_model(tiny_config("v4"), HOST)
-    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=RegionRunner("aot_eager"))
-    assert s.runner.warm_up(s.cache) == len(BUCKETS["v4"]) * _kinds(model)
+    s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=RegionRunner("aot_eager"))
+    assert s.runner.warm_up() == len(BUCKETS["v4"]) * _kinds(model)
     stores = [(f"swa{k}", t, 5) for k, t in s.cache.swa.items()] + \
         [(f"entries{k}", t, 48) for k, t in s.cache.entries.items()]
     for name, t, owners in stores:   # 5 state slots / 48 blocks; slot 0 and block 0 are scratch
         per = t.shape[0] // owners
         assert (t[per:] == 0).all() and (t[:per] != 0).any(), name
     graphs = s.runner.num_graphs
-    eager = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], compile=False)
+    eager = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], compile=False)
     with torch.inference_mode():   # steps run as the engine's Worker.execute runs them
         run_in_lockstep(s, eager, 5)
-    assert s.runner.num_graphs == graphs and s.runner.eager_steps == 0
+    assert s.runner.num_graphs == graphs and s.strategy.eager_steps == 0
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])
@@ -116,12 +116,12 @@ def test_split_regions_run_a_prompt_as_a_decode_shaped_step():
     padded to the prefill bucket runs through the same regions as decode-layout rows."""
     model = tiny_model(tiny_config("v4", 2), HOST)
     split = RegionRunner("aot_eager", split=True)
-    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=split)
-    ref = Seqs(model, EagerRunner, PROMPTS)
+    s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=split)
+    ref = Seqs(model, EagerStrategy, PROMPTS)
     sizes = {0: len(PROMPTS[0]), 1: len(PROMPTS[1])}
     got, want = s.step(sizes), ref.step(sizes)
     assert (got - want).abs().max().item() < 1e-4
-    assert split.stats.total_graphs == 2 * _kinds(model) and s.runner.buckets_seen == {(16, 64)}
+    assert split.stats.total_graphs == 2 * _kinds(model) and s.strategy.buckets_seen == {(16, 64)}
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])
@@ -130,11 +130,11 @@ def test_host_mode_gives_cpu_tokens_on_tiny_checkpoint(request, regions, kind):
     cfg = ModelConfig.from_pretrained(ckpt)
     cpu = build_model(cfg, str(ckpt), torch.float32, progress=False, platform=CpuPlatform())
     host = tiny_model(cfg, HOST, like=cpu)
-    golden = Seqs(cpu, EagerRunner, PROMPTS).greedy(6)
+    golden = Seqs(cpu, EagerStrategy, PROMPTS).greedy(6)
     graphs = regions[kind].stats.total_graphs
-    s = Seqs(host, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC[kind], regions=regions[kind])
+    s = Seqs(host, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC[kind], regions=regions[kind])
     assert s.greedy(6) == golden
-    assert s.runner.buckets_seen == BUCKETS[kind]
+    assert s.strategy.buckets_seen == BUCKETS[kind]
     # the checkpoint model has the random models' layer kinds and shapes: no new graphs
     assert regions[kind].stats.total_graphs == graphs > 0
 
@@ -142,14 +142,14 @@ def test_host_mode_gives_cpu_tokens_on_tiny_checkpoint(request, regions, kind):
 def test_fp8_guard_runs_with_compiled_regions_and_reports_nothing(regions, monkeypatch):
     """DEEPINFER_NEURON_FP8_GUARD=1: eager code runs under the guard, regions outside it (no retrace)."""
     model = tiny_model(tiny_config("v4", 6), HOST, seed=2)
-    plain = Seqs(model, NeuronGraphRunner, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=regions["v4"])
+    plain = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=regions["v4"])
     want = plain.greedy(3)
     graphs = regions["v4"].stats.total_graphs
     monkeypatch.setenv("DEEPINFER_NEURON_FP8_GUARD", "1")
     guarded = NeuronPlatform(host=True)
-    s = Seqs(model, NeuronGraphRunner, PROMPTS, platform=guarded, buckets=SPEC["v4"], regions=regions["v4"])
+    s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=guarded, buckets=SPEC["v4"], regions=regions["v4"])
     assert s.greedy(3) == want
-    assert s.runner.fp8_guard is not None and s.runner.fp8_sites() == []
+    assert s.strategy.fp8_guard is not None and s.strategy.fp8_sites() == []
     assert regions["v4"].stats.total_graphs == graphs
 
 

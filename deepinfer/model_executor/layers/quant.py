@@ -155,18 +155,22 @@ def quantize_fp8_block(
     x: torch.Tensor,
     block: tuple[int, int] = (32, 32),
     scale_fmt: str = "ue8m0",
+    fp8_max: float = FP8_E4M3_MAX,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TK cast rule to e4m3 with one scale per block of the last two dims.
 
     scale_fmt "ue8m0" returns float8_e8m0fnu scales (rounded up to a power of two), "float" returns
     the same power-of-two scales as fp32. Used for weights (32x32 / 128x128), the Engram table (1x32)
-    and per-token activations (1x32).
+    and per-token activations (1x32). fp8_max: the largest code magnitude written (the platform's
+    `fp8_max`: 448 for OCP e4m3fn, 224 on Neuron so the bytes mean the same as IEEE e4m3).
     """
     if scale_fmt not in ("ue8m0", "float"):
         raise ValueError(f"scale_fmt: expected 'ue8m0' or 'float', got {scale_fmt!r}")
-    sf, q_mul = _block_scales(x, block, FP8_E4M3_MAX, AMAX_CLAMP[("e4m3", False)])
+    if not 0 < fp8_max <= FP8_E4M3_MAX:
+        raise ValueError(f"fp8_max: must be in (0, {FP8_E4M3_MAX}], got {fp8_max}")
+    sf, q_mul = _block_scales(x, block, fp8_max, AMAX_CLAMP[("e4m3", False)])
     xs = x.to(torch.float32) * _expand_scale(q_mul, block, x.shape[-2], x.shape[-1])
-    q = xs.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # torch casts with RNE
+    q = xs.clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)  # torch casts with RNE
     return q, (_pow2_to_ue8m0(sf) if scale_fmt == "ue8m0" else sf)
 
 
@@ -247,11 +251,13 @@ def quantize_fp4(
     x: torch.Tensor,
     group: int = 32,
     scale_fmt: str = "ue8m0",
+    fp8_max: float = FP8_E4M3_MAX,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TK cast rule to packed e2m1 with one scale per `group` consecutive values of the last dim.
 
     scale_fmt "ue8m0": power-of-two scale rounded up (MXFP4 experts, index q/K). "e4m3": the scale is
-    e4m3_RNE(amax / 6), not a power of two (the FP4 main KV cache); returned as float8_e4m3fn.
+    e4m3_RNE(amax / 6), not a power of two (the FP4 main KV cache); returned as float8_e4m3fn, at most
+    `fp8_max` (a larger amax saturates its codes at 6 instead).
     """
     if scale_fmt not in ("ue8m0", "e4m3"):
         raise ValueError(f"scale_fmt: expected 'ue8m0' or 'e4m3', got {scale_fmt!r}")
@@ -266,7 +272,7 @@ def quantize_fp4(
         pad = (-cols) % group
         amax = torch.nn.functional.pad(x2.abs(), (0, pad)).reshape(x2.shape[0], -1, group).amax(-1)
         amax = amax.clamp(min=AMAX_CLAMP[("e2m1", True)])
-        out_sf = (amax / FP4_E2M1_MAX).to(torch.float8_e4m3fn)
+        out_sf = (amax / FP4_E2M1_MAX).clamp(max=fp8_max).to(torch.float8_e4m3fn)
         q_mul = 1.0 / out_sf.to(torch.float32)
     xs = x2 * q_mul.repeat_interleave(group, dim=-1)[..., : x2.shape[-1]]
     packed = pack_e2m1(encode_e2m1(xs))

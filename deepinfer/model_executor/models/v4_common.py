@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from deepinfer.model_executor.forward_meta import StepInputs
-
-if TYPE_CHECKING:
-    from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 
 
 def linear(i: int, o: int, dtype) -> nn.Linear:
@@ -52,7 +48,8 @@ class StepContext:
     tables, Engram rows), so layer code only reads it: compiled layer regions then see the same
     Python state for every layer of a kind (neuron.md F1)."""
 
-    def __init__(self, model: "DeepseekV4Model", step: StepInputs, cache: ModelCache):
+    def __init__(self, model: nn.Module, step: StepInputs, cache: ModelCache):
+        """model: the DeepseekV4Model running the step (not imported here: that module imports this one)."""
         self.step = step
         self.cache = cache
         self.model = model

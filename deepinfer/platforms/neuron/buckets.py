@@ -1,5 +1,5 @@
 """Neuron batch buckets (design.md §5.1). The bucket spec and static step padding every graph
-runner shares live in worker/static_step.py."""
+runner shares live in model_executor/static_step.py."""
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:

@@ -17,7 +17,10 @@ import os
 import torch
 
 from deepinfer import envs
+from deepinfer.model_executor.static_step import BucketSpec
+from deepinfer.neuron_ops.fp8 import ACT_FP8_MAX
 from deepinfer.platforms.interface import Platform
+from deepinfer.platforms.neuron.buckets import batch_buckets
 
 # neuron.md A1 / §2.3: let neuronx-cc read torch's float8_e4m3fn bytes as trn2's IEEE e4m3.
 FP8_COMPILER_FLAG = "--internal-hlo2tensorizer-options=--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
@@ -40,7 +43,10 @@ def import_torch_neuronx():
 
 class NeuronPlatform(Platform):
     name = "neuron"
-    fp8_max = 240.0           # trn2 IEEE e4m3; activations quantize to 224 (neuron_ops/fp8.py)
+    # trn2 reads e4m3 bytes as IEEE e4m3 (max 240, FP8_COMPILER_FLAG): everything the engine encodes
+    # quantizes to 224, the headroom neuron_ops/fp8.py uses for activations.
+    fp8_max = ACT_FP8_MAX
+    runner_strategy = "neuron_regions"
 
     def __init__(self, host: bool | None = None):
         # Resolve every env var now: traced code must never read the environment (neuron.md F4).
@@ -53,8 +59,7 @@ class NeuronPlatform(Platform):
         self.ctx_buckets = envs.get("DEEPINFER_NEURON_CTX_BUCKETS")
         self.prefill_bucket = envs.get("DEEPINFER_NEURON_PREFILL_BUCKET")
         self.fp8_guard = bool(envs.get("DEEPINFER_NEURON_FP8_GUARD"))
-        self.engine_limits: dict = {}
-        self._rank = 0
+        self.rank = 0
 
     # -- device -------------------------------------------------------------------------------
     @property
@@ -64,32 +69,17 @@ class NeuronPlatform(Platform):
         import_torch_neuronx()
         return torch.device("neuron", 0)   # each process sees one core as device 0 (set_device)
 
-    def num_devices(self) -> int:
-        if self.is_host_mode:
-            return 1
-        import_torch_neuronx()
-        count = getattr(getattr(torch, "neuron", None), "device_count", None)
-        return int(count()) if count is not None else len(glob.glob("/dev/neuron*"))
-
     def set_device(self, rank: int) -> None:
         """One process per NeuronCore: device 0 of a 1-device local world (neuron.md G1, G2).
-        Must run before torch_neuronx initializes the runtime."""
-        self._rank = int(rank)
+        Must run before torch_neuronx initializes the runtime, so the worker calls it first. Host mode
+        has no runtime to configure: it records the rank only."""
+        self.rank = int(rank)
         if self.is_host_mode:
             return
         os.environ["LOCAL_RANK"] = "0"
         os.environ["LOCAL_WORLD_SIZE"] = "1"
-        os.environ["NEURON_RT_VISIBLE_CORES"] = str(self._rank)
+        os.environ["NEURON_RT_VISIBLE_CORES"] = str(self.rank)
         self.configure_compiler()
-
-    def synchronize(self) -> None:
-        if not self.is_host_mode:
-            sync = getattr(getattr(torch, "neuron", None), "synchronize", None)
-            if sync is not None:
-                sync()
-
-    def supports_fp8_dtype(self) -> bool:
-        return True   # as IEEE e4m3 on device (FP8_COMPILER_FLAG); plain torch fp8 on host
 
     # -- compile --------------------------------------------------------------------------------
     def compiler_flags(self) -> list[str]:
@@ -109,35 +99,25 @@ class NeuronPlatform(Platform):
             self.configure_compiler()
         return RegionRunner(backend=self.compile_backend, split=self.region_split)
 
-    @property
-    def graph_runner_cls(self):
-        from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
-        return NeuronGraphRunner.for_platform(self)
-
-    def bucket_spec(self, max_num_seqs: int):
-        from deepinfer.platforms.neuron.buckets import batch_buckets
-        from deepinfer.worker.static_step import BucketSpec
-        lim = self.engine_limits
-        prefill = tuple(self.prefill_bucket) if self.prefill_bucket else None
-        if prefill is None and lim.get("max_num_batched_tokens") is not None:
-            prefill = (int(lim["max_num_batched_tokens"]),)
-        return BucketSpec(batch=batch_buckets(int(lim.get("max_num_seqs", max_num_seqs))),
+    def bucket_spec(self, engine_config) -> BucketSpec:
+        """Row buckets (powers of two up to max_num_seqs), context buckets (DEEPINFER_NEURON_CTX_BUCKETS,
+        else powers of two up to max_model_len) and prompt-chunk buckets (DEEPINFER_NEURON_PREFILL_BUCKET,
+        else max_num_batched_tokens)."""
+        prefill = tuple(self.prefill_bucket) if self.prefill_bucket else (int(engine_config.max_num_batched_tokens),)
+        return BucketSpec(batch=batch_buckets(int(engine_config.max_num_seqs)),
                           contexts=tuple(self.ctx_buckets) if self.ctx_buckets else None,
-                          prefill_tokens=prefill, max_model_len=lim.get("max_model_len"))
+                          prefill_tokens=prefill, max_model_len=engine_config.max_model_len)
 
     # -- config and kernels -----------------------------------------------------------------------
     def validate_config(self, engine_config, model_config) -> None:
-        """Reject what the Neuron path cannot run and record the limits the buckets derive from."""
-        lim = {"max_num_seqs": int(engine_config.max_num_seqs),
-               "max_num_batched_tokens": int(engine_config.max_num_batched_tokens),
-               "max_model_len": engine_config.max_model_len}
-        if self.prefill_bucket and max(self.prefill_bucket) > lim["max_num_batched_tokens"]:
+        """Reject bucket settings the engine's limits contradict."""
+        max_tokens, max_len = int(engine_config.max_num_batched_tokens), engine_config.max_model_len
+        if self.prefill_bucket and max(self.prefill_bucket) > max_tokens:
             raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: every bucket must be <= max_num_batched_tokens "
-                             f"({lim['max_num_batched_tokens']}), got {self.prefill_bucket}")
-        if self.ctx_buckets and lim["max_model_len"] is not None and max(self.ctx_buckets) < lim["max_model_len"]:
+                             f"({max_tokens}), got {self.prefill_bucket}")
+        if self.ctx_buckets and max_len is not None and max(self.ctx_buckets) < max_len:
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.ctx_buckets)}) must be "
-                             f">= max_model_len ({lim['max_model_len']})")
-        self.engine_limits = lim
+                             f">= max_model_len ({max_len})")
 
     def kernel(self, name: str):
         from deepinfer.neuron_ops import kernels

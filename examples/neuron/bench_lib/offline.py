@@ -52,16 +52,16 @@ class OfflineDriver:
         self._record_buckets()
 
     def _record_buckets(self) -> None:
-        """Count the bucket of every step (wraps this engine's runner.prepare, nothing else)."""
-        runner = self.engine.worker.runner
-        prepare = runner.prepare
+        """Count the bucket of every step (wraps this engine's strategy.prepare, nothing else)."""
+        strategy = self.engine.worker.runner.strategy
+        prepare = strategy.prepare
 
         def counting_prepare(chunks):
             step, bucket = prepare(chunks)
             key = "eager" if bucket is None else f"T{bucket.num_tokens}xC{bucket.context}"
             self.step_buckets[key] += 1
             return step, bucket
-        runner.prepare = counting_prepare
+        strategy.prepare = counting_prepare
 
     @property
     def num_graphs(self) -> int | None:
@@ -69,11 +69,11 @@ class OfflineDriver:
 
     def platform_info(self) -> dict:
         worker = self.engine.worker
-        p, runner = worker.platform, worker.runner
-        spec = getattr(runner, "buckets", None)
+        p, strategy = worker.platform, worker.runner.strategy
+        spec = strategy.buckets
         return {"name": p.name, "is_host_mode": bool(p.is_host_mode), "device": str(p.device),
                 "dist_backend": p.dist_backend, "compile_backend": getattr(p, "compile_backend", None),
-                "graph_runner": type(runner).__name__,
+                "runner_strategy": strategy.name,
                 "bucket_spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else None,
                 "block_size": worker.block_size, "num_kv_blocks": worker.num_kv_blocks,
                 "model_load_s": self.load_s, "torch_threads": torch.get_num_threads()}

@@ -49,8 +49,8 @@ def test_nki_kernel_matches_reference(platform, name):
 
 
 def test_region_graphs_compile_on_device_and_match_host(platform):
-    from deepinfer.worker.static_step import BucketSpec
-    from deepinfer.platforms.neuron.graph_runner import NeuronGraphRunner
+    from deepinfer.model_executor.static_step import BucketSpec
+    from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
     from deepinfer.platforms.neuron.platform import NeuronPlatform
     from model_helpers import Seqs, tiny_config, tiny_model
     cfg = tiny_config("v4", 2)
@@ -58,12 +58,12 @@ def test_region_graphs_compile_on_device_and_match_host(platform):
     dev = tiny_model(cfg, platform, like=host).to(platform.device)
     spec = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=16)
     prompts = [[0, 17, 400, 9, 3000, 5, 6], [0, 55, 66, 77, 88]]
-    want = Seqs(host, NeuronGraphRunner, prompts, platform=NeuronPlatform(host=True), buckets=spec,
+    want = Seqs(host, NeuronRegionStrategy, prompts, platform=NeuronPlatform(host=True), buckets=spec,
                 compile=False).greedy(4)
-    s = Seqs(dev, NeuronGraphRunner, prompts, platform=platform, buckets=spec)
+    s = Seqs(dev, NeuronRegionStrategy, prompts, platform=platform, buckets=spec)
     s.cache = _cache_to(s.cache, platform.device)
     assert s.greedy(4) == want
-    assert s.runner.num_graphs == 2 * 2 and not s.runner.regions.stats.fp8_sites
+    assert s.runner.num_graphs == 2 * 2 and not s.strategy.regions.stats.fp8_sites
 
 
 def _cache_to(cache, device):

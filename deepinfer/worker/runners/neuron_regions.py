@@ -1,6 +1,6 @@
-"""NeuronGraphRunner: static-shape steps run through compiled layer regions (design.md §4, §5.1-5.4).
+"""NeuronRegionStrategy: static-shape steps run through compiled layer regions (design.md §4, §5.1-5.4).
 
-Per step: pick a bucket (worker/static_step.py BucketSpec), pad the chunks with placeholder rows
+Per step: pick a bucket (model_executor/static_step.py BucketSpec), pad the chunks with placeholder rows
 (scratch slot 0 / block 0), build StepInputs on the host and give every data-dependent length a
 static size (BucketSpec.static_step), copy the metadata to the device once, then run the model with
 its decoder layers as compiled regions (neuron_ops/regions.py); the top level (embedding, head) stays
@@ -14,22 +14,21 @@ import logging
 import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
-from deepinfer.worker.graph_runner import GraphRunner
-from deepinfer.worker.static_step import Bucket, BucketSpec
+from deepinfer.model_executor.static_step import Bucket, BucketSpec
+from deepinfer.worker.runners.base import RunnerStrategy
 
 logger = logging.getLogger(__name__)
 
 
-class NeuronGraphRunner(GraphRunner):
-    def __init__(self, model, layout, platform=None, buckets: BucketSpec | None = None, compile: bool = True,
-                 regions=None):
-        """regions: a RegionRunner to share (its compiled graphs serve every model with the same layer kinds)."""
-        super().__init__(model, layout)
-        if platform is None:
-            from deepinfer.platforms.neuron.platform import NeuronPlatform
-            platform = NeuronPlatform()
-        self.platform = platform
-        self.buckets = buckets or platform.bucket_spec(max_num_seqs=layout.num_slots - 1)
+class NeuronRegionStrategy(RunnerStrategy):
+    name = "neuron_regions"
+
+    def __init__(self, model, layout, platform, buckets: BucketSpec, compile: bool = True, regions=None):
+        """platform: the NeuronPlatform (device, compile backend, fp8 guard); buckets: its bucket_spec.
+        regions: a RegionRunner to share (its compiled graphs serve every model with the same layer kinds)."""
+        super().__init__(model, layout, platform, buckets)
+        if platform is None or buckets is None:
+            raise ValueError("NeuronRegionStrategy: needs the NeuronPlatform and its BucketSpec")
         self.compile = compile
         self.regions = (regions or platform.region_runner()) if compile else None
         self.eager_steps = 0
@@ -53,16 +52,16 @@ class NeuronGraphRunner(GraphRunner):
     @torch.inference_mode()
     def warm_up(self, cache) -> int:
         """Compile every (bucket, layer kind) region graph from placeholder-only steps. Under inference
-        mode, as Worker.execute runs: Dynamo guards on the metadata tensors' dispatch keys, so graphs
+        mode, as ModelRunner.run runs: Dynamo guards on the metadata tensors' dispatch keys, so graphs
         traced from normal tensors would be traced again for the engine's inference tensors."""
         if self.regions is None:
             return 0
         for bucket in self.buckets.all_buckets():
             step = self.buckets.static_step([], bucket, self.layout)
-            self.execute(step_to(step, self.platform.device), cache, bucket)
+            self.forward(step_to(step, self.platform.device), cache, bucket)
         return self.num_graphs
 
-    def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+    def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         if bucket is None:
             self.eager_steps += 1
             if self.eager_steps == 1:

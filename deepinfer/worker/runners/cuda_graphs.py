@@ -1,7 +1,7 @@
-"""CudaGraphRunner: decode steps replayed from CUDA graphs, one per (row bucket, context bucket).
+"""CudaGraphStrategy: decode steps replayed from CUDA graphs, one per (row bucket, context bucket).
 
 As in DeepSeek's engine (upstream-engine.md §2.4), only decode steps replay a graph; steps with a
-prompt chunk run eagerly. Per decode step: pick the bucket (worker/static_step.py BucketSpec with
+prompt chunk run eagerly. Per decode step: pick the bucket (model_executor/static_step.py BucketSpec with
 the CUDA row buckets), pad the chunks with placeholder rows (scratch slot 0 / block 0), build the
 metadata on the host, give every data-dependent length a static size (`pad_step`, logits rows
 included), copy it into the bucket's persistent device buffers and replay. The model sees
@@ -26,26 +26,14 @@ import logging
 import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
-from deepinfer.worker.graph_runner import GraphRunner
-from deepinfer.worker.static_step import Bucket, BucketSpec, static_signature
+from deepinfer.model_executor.static_step import Bucket, BucketSpec, static_signature
+from deepinfer.worker.runners.base import RunnerStrategy
 
 logger = logging.getLogger(__name__)
 
 # Eager forwards on a side stream before a capture: the first one initializes lazily created state
 # (cuBLAS handles and workspaces, cached per-device tables) outside the capture.
 WARMUP_RUNS = 2
-
-
-def cuda_batch_buckets(max_num_seqs: int, interval: int = 8) -> tuple[int, ...]:
-    """Powers of two up to `interval`, then every `interval` rows, until max_num_seqs is covered
-    (upstream-engine.md §2.4: 1, 2, 4, 8, 16, 24, ...)."""
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs: must be >= 1, got {max_num_seqs}")
-    out, b = [1], 1
-    while b < max_num_seqs:
-        b = b * 2 if b * 2 <= interval else b + interval
-        out.append(b)
-    return tuple(out)
 
 
 class CudaGraphCapture:
@@ -106,17 +94,15 @@ def _copy_into(dst, src) -> None:
                 _copy_into(d[key], s[key])
 
 
-class CudaGraphRunner(GraphRunner):
+class CudaGraphStrategy(RunnerStrategy):
+    name = "cuda_graphs"
+
     def __init__(self, model, layout, platform=None, buckets: BucketSpec | None = None, capture=None):
-        super().__init__(model, layout)
+        super().__init__(model, layout, platform, buckets)
         if buckets is None:
-            if platform is None:
-                from deepinfer.platforms.cuda import CudaPlatform
-                platform = CudaPlatform()
-            buckets = platform.bucket_spec(max_num_seqs=layout.num_slots - 1)
+            raise ValueError("CudaGraphStrategy: needs a BucketSpec (CudaPlatform.bucket_spec)")
         if buckets.prefill_tokens is not None:
-            raise ValueError("CudaGraphRunner: graphs are for decode steps; prefill_tokens must be None")
-        self.buckets = buckets
+            raise ValueError("CudaGraphStrategy: graphs are for decode steps; prefill_tokens must be None")
         self.capture = capture if capture is not None else CudaGraphCapture(self.device)
         self.graphs: dict[Bucket, _Graph] = {}
         self._outputs: dict[int, torch.Tensor] = {}   # rows -> logits buffer all graphs of that size fill
@@ -137,7 +123,7 @@ class CudaGraphRunner(GraphRunner):
         bucket = self.select_bucket(chunks)
         if bucket is None:
             return step_to(build_step_inputs(chunks, self.layout), self.device), None
-        return self._static(chunks, bucket), bucket   # host tensors: execute copies them into the buffers
+        return self._static(chunks, bucket), bucket   # host tensors: forward copies them into the buffers
 
     def _capture(self, bucket: Bucket, cache) -> _Graph:
         placeholder = self._static([], bucket)
@@ -159,7 +145,7 @@ class CudaGraphRunner(GraphRunner):
         return self.num_graphs
 
     @torch.inference_mode()
-    def execute(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+    def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         if bucket is None:
             self.eager_steps += 1
             return self.model(step, cache)
@@ -167,9 +153,9 @@ class CudaGraphRunner(GraphRunner):
         if graph is None:
             graph = self.graphs[bucket] = self._capture(bucket, cache)
         if graph.cache is not cache:
-            raise RuntimeError("CudaGraphRunner: a graph replays against the cache it was captured with")
+            raise RuntimeError("CudaGraphStrategy: a graph replays against the cache it was captured with")
         if static_signature(step) != graph.signature:
-            raise RuntimeError(f"CudaGraphRunner: step does not match the graph of bucket {bucket}")
+            raise RuntimeError(f"CudaGraphStrategy: step does not match the graph of bucket {bucket}")
         _copy_into(graph.inputs, step)
         graph.replay()
         self.replays += 1

@@ -1,0 +1,101 @@
+"""ModelRunner: the one entry point of a step, for the engine and the tests alike.
+
+    run(chunks, samples) = prepare -> execute -> sample
+
+- prepare: the strategy picks a bucket, builds the host metadata (padded to the bucket when there is
+  one) and moves it to the device;
+- execute: the strategy runs the forward (eager, CUDA-graph replay or Neuron region graphs) and the
+  real rows' logits are sliced out (padding rows always come after the real rows);
+- sample: the Sampler draws one token per logits row.
+
+A rank that runs the step without sampling (a follower) passes `samples=None` and gets the logits
+only. Rows are SeqChunks, so a multi-token decode row (speculative verification) is a chunk with
+num_new > 1 and num_logits > 1, and brings one SampleRequest per logits row.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs
+from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
+from deepinfer.model_executor.static_step import Bucket
+from deepinfer.sampling_params import SamplingParams
+from deepinfer.worker.runners.base import RunnerStrategy
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """How one logits row is sampled."""
+    params: SamplingParams
+    position: int                    # position of the token being produced (keys seeded draws)
+    seed: int | None = None          # None: params.seed, else a random one
+    banned_ids: tuple[int, ...] = ()  # ids this row may not produce (stop_rules.banned_token_ids)
+
+
+@dataclass
+class PreparedStep:
+    step: StepInputs
+    bucket: Bucket | None
+    num_logits: int   # real logits rows (the strategy may return more: padding rows)
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor               # [num_logits, vocab] fp32, real rows in chunk order
+    sampled: SamplerOutput | None      # None when the step was run without sampling
+
+
+@dataclass
+class StepTiming:
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+
+
+class ModelRunner:
+    def __init__(self, model, cache, layout, strategy: RunnerStrategy, sampler: Sampler | None = None):
+        self.model = model
+        self.cache = cache
+        self.layout = layout
+        self.strategy = strategy
+        self.sampler = sampler or Sampler()
+        self.last_timing = StepTiming()
+
+    def prepare(self, chunks: list[SeqChunk]) -> PreparedStep:
+        step, bucket = self.strategy.prepare(chunks)
+        return PreparedStep(step, bucket, sum(min(c.num_logits, c.num_new) for c in chunks))
+
+    def execute(self, prepared: PreparedStep) -> torch.Tensor:
+        logits = self.strategy.forward(prepared.step, self.cache, prepared.bucket)
+        return logits[: prepared.num_logits]
+
+    def sample(self, logits: torch.Tensor, samples: list[SampleRequest]) -> SamplerOutput:
+        if len(samples) != logits.shape[0]:
+            raise ValueError(f"{logits.shape[0]} logits rows but {len(samples)} sample requests")
+        batch = SamplingBatch.build([s.params for s in samples], [s.position for s in samples],
+                                    seeds=[s.seed for s in samples],
+                                    banned_ids_per_row=[s.banned_ids for s in samples], device=logits.device)
+        return self.sampler.forward(logits, batch)
+
+    @torch.inference_mode()
+    def run(self, chunks: list[SeqChunk], samples: list[SampleRequest] | None = None) -> StepOutput:
+        t0 = time.perf_counter()
+        prepared = self.prepare(chunks)
+        t1 = time.perf_counter()
+        logits = self.execute(prepared)
+        t2 = time.perf_counter()
+        sampled = None if samples is None else self.sample(logits, samples)
+        t3 = time.perf_counter()
+        self.last_timing = StepTiming(t1 - t0, t2 - t1, t3 - t2)
+        return StepOutput(logits, sampled)
+
+    def warm_up(self) -> int:
+        """Build every bucket's graph now (placeholder rows only); returns the number of graphs."""
+        return self.strategy.warm_up(self.cache)
+
+    @property
+    def num_graphs(self) -> int:
+        return self.strategy.num_graphs

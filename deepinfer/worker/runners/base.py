@@ -1,0 +1,49 @@
+"""How a step's forward runs: the strategy contract the ModelRunner (worker/model_runner.py) drives.
+
+A strategy picks a bucket for the step's chunks, builds the step's metadata (padded to the bucket
+when it has one) and runs the model on it. The eager strategy needs no buckets and runs the step as
+it is. Static-shape strategies (CUDA graphs, Neuron region graphs) pad rows with placeholder tokens
+that read and write only the scratch slot and block (slot 0 / block 0); the ModelRunner slices the
+real rows back out. Multi-token decode rows (speculative verification) are ordinary rows with
+num_new > 1 and num_logits > 1.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, StepInputs, build_step_inputs, step_to
+from deepinfer.model_executor.static_step import Bucket, BucketSpec
+
+
+class RunnerStrategy:
+    """Base class: eager, unpadded. Subclasses override `select_bucket`, `prepare` and `forward`."""
+    name = "base"
+
+    def __init__(self, model, layout: CacheLayout, platform=None, buckets: BucketSpec | None = None):
+        self.model = model
+        self.layout = layout
+        self.platform = platform
+        self.buckets = buckets
+        # metadata is built on the host and copied to the model's device once per step
+        param = next(model.parameters(), None) if model is not None else None
+        self.device = param.device if param is not None else torch.device("cpu")
+
+    def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
+        return None
+
+    def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
+        """The step's inputs (on the device, or host tensors a strategy copies in itself) and its bucket."""
+        return step_to(build_step_inputs(chunks, self.layout), self.device), None
+
+    def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+        """Logits of every row of `step` (padding rows included)."""
+        raise NotImplementedError
+
+    def warm_up(self, cache) -> int:
+        """Build every bucket's graph now, from placeholder rows (scratch slot / block only); returns
+        the number of graphs this strategy holds. The eager strategy has none."""
+        return 0
+
+    @property
+    def num_graphs(self) -> int:
+        return 0
