@@ -127,7 +127,8 @@ def _engine_families(view: _EngineView) -> Iterator[Metric]:
     yield one(GaugeMetricFamily, "kv_blocks_used",
               "KV cache blocks in use (the reserved block 0 excluded).", used)
     yield one(GaugeMetricFamily, "kv_blocks_free", "KV cache blocks free.", free)
-    yield one(GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).",
+    yield one(GaugeMetricFamily, "kv_cache_usage_perc",
+              "Fraction of KV cache blocks in use (0..1).",
               used / (used + free) if used + free else 0.0)
     yield one(CounterMetricFamily, "prompt_tokens", "Prompt tokens prefilled (once per request).",
               s.num_prompt_tokens if s else 0)
