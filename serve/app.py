@@ -7,9 +7,10 @@ import contextlib
 import logging
 
 from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from serve.chat import create_chat_completion
 from serve.completions import create_completion
@@ -79,8 +80,9 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         loop = state.engine_loop
-        body = loop.metrics.render(state.config.served_model_name, loop.stats, loop.ready, loop.dead)
-        return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+        body = loop.metrics.exposition(state.config.served_model_name, loop.stats, loop.ready,
+                                       loop.dead)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

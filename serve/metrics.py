@@ -1,144 +1,141 @@
-"""Server metrics in the Prometheus text format (version 0.0.4), vLLM's names under `deepinfer:`.
+"""Server metrics on prometheus_client, vLLM's names under `deepinfer:`.
 
-Latency histograms are observed by the engine thread and read by the HTTP thread, hence the lock.
-Gauges and token counters come from the engine's own `stats()` snapshot.
+Every ServerMetrics owns a CollectorRegistry (never prometheus_client's process-wide default), so
+two servers in one process, as in the tests, count apart. Request latencies and finish reasons are
+events the engine does not keep: the engine thread observes them into prometheus_client's Histogram
+and Counter (both thread-safe). Gauges and token totals are the engine's own `stats()` snapshot,
+read at scrape time rather than mirrored into counters, so nothing is counted twice.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "deepinfer:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Listed up front so a scraper sees each reason at 0 before the first request ends that way.
+FINISH_REASONS = ("stop", "length", "abort")
+MODEL_LABEL = "model_name"
 
 
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]):
-        self.buckets = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.buckets) + 1)  # last slot: +Inf
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sum += value
-        self.count += 1
+@dataclass(frozen=True)
+class _EngineView:
+    """What one scrape reads besides the observed events."""
+    model_name: str
+    stats: Any  # the engine's EngineStats; None before the engine is built
+    ready: bool
 
 
-class ServerMetrics:
-    """Request-level metrics the engine does not keep: latencies and finish reasons."""
+class ServerMetrics(Collector):
+    """One server's metrics: the events observed here plus, at scrape time, the engine snapshot.
+    It is the one collector of its own registry."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.e2e = Histogram(E2E_BUCKETS)
-        self.finished: dict[str, int] = {}
-        self.num_step_errors = 0
+        # In no registry of their own: the served model name is known only at scrape time, so
+        # collect() adds the `model_name` label to their samples (prometheus_client has no
+        # constant labels).
+        self._ttft = Histogram(PREFIX + "time_to_first_token_seconds",
+                               "Time from request arrival to its first token.",
+                               buckets=TTFT_BUCKETS, registry=None)
+        self._itl = Histogram(PREFIX + "inter_token_latency_seconds",
+                              "Time between consecutive tokens of a request.",
+                              buckets=ITL_BUCKETS, registry=None)
+        self._e2e = Histogram(PREFIX + "e2e_request_latency_seconds",
+                              "Time from request arrival to its end.", buckets=E2E_BUCKETS,
+                              registry=None)
+        self._finished = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
+                                 ["finished_reason"], registry=None)
+        for reason in FINISH_REASONS:
+            self._finished.labels(reason)
+        self._step_errors = Counter(PREFIX + "engine_step_errors",
+                                    "Engine steps that raised (their requests failed).",
+                                    registry=None)
+        self._view: _EngineView | None = None  # set by exposition() for one scrape
+        self._scrape_lock = threading.Lock()
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
 
     def observe_ttft(self, seconds: float) -> None:
-        with self._lock:
-            self.ttft.observe(seconds)
+        self._ttft.observe(seconds)
 
     def observe_itl(self, seconds: float) -> None:
-        with self._lock:
-            self.itl.observe(seconds)
+        self._itl.observe(seconds)
 
     def observe_finished(self, reason: str, e2e_seconds: float) -> None:
-        with self._lock:
-            self.finished[reason] = self.finished.get(reason, 0) + 1
-            self.e2e.observe(e2e_seconds)
+        self._finished.labels(reason).inc()
+        self._e2e.observe(e2e_seconds)
 
     def count_step_error(self) -> None:
-        with self._lock:
-            self.num_step_errors += 1
+        self._step_errors.inc()
 
-    def render(self, model_name: str, stats, ready: bool, dead: bool) -> str:
-        """The /metrics body. `stats` is the engine's EngineStats (None before it is built)."""
-        label = f'model_name="{_escape(model_name)}"'
-        out: list[str] = []
+    @property
+    def num_step_errors(self) -> int:
+        return int(next(s.value for f in self._step_errors.collect() for s in f.samples
+                        if s.name.endswith("_total")))
 
-        def metric(name, kind, help_text, samples):
-            out.append(f"# HELP deepinfer:{name} {help_text}")
-            out.append(f"# TYPE deepinfer:{name} {kind}")
-            for suffix, labels, value in samples:
-                out.append(f"deepinfer:{name}{suffix}{{{labels}}} {_num(value)}")
+    def exposition(self, model_name: str, stats, ready: bool, dead: bool) -> bytes:
+        """The /metrics body (prometheus_client's text format). `stats` is the engine's EngineStats
+        (None before it is built)."""
+        # The lock keeps concurrent scrapes from reading each other's view.
+        with self._scrape_lock:
+            self._view = _EngineView(model_name, stats, ready and not dead)
+            try:
+                return generate_latest(self.registry)
+            finally:
+                self._view = None
 
-        def gauge(name, help_text, value):
-            metric(name, "gauge", help_text, [("", label, value)])
-
-        def counter(name, help_text, value):
-            metric(name, "counter", help_text, [("", label, value)])
-
-        s = stats
-        gauge("engine_ready", "1 when the engine is built and stepping, else 0.", int(ready and not dead))
-        gauge("num_requests_running", "Sequences in the running batch.", s.num_running if s else 0)
-        gauge("num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting if s else 0)
-        gauge("kv_blocks_used", "KV cache blocks in use (the reserved block 0 excluded).",
-              s.num_used_blocks if s else 0)
-        gauge("kv_blocks_free", "KV cache blocks free.", s.num_free_blocks if s else 0)
-        total = (s.num_used_blocks + s.num_free_blocks) if s else 0
-        gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).",
-              (s.num_used_blocks / total) if total else 0.0)
-        counter("prompt_tokens_total", "Prompt tokens prefilled (once per request).",
-                s.num_prompt_tokens if s else 0)
-        counter("generation_tokens_total", "Tokens generated.", s.num_generation_tokens if s else 0)
-        counter("num_preemptions_total", "Sequences preempted (recomputed later).",
-                s.num_preemptions if s else 0)
-        counter("graphs_compiled_total", "Graphs the graph runner compiled (Neuron regions) or captured "
-                "(CUDA graphs) so far; 0 for the eager runner.", (s.num_graphs or 0) if s else 0)
-        with self._lock:
-            finished = dict(self.finished)
-            step_errors = self.num_step_errors
-            hists = [(h, _snapshot(h)) for h in (self.ttft, self.itl, self.e2e)]
-        metric("request_success_total", "counter", "Finished requests by finish reason.",
-               [("", f'{label},finished_reason="{_escape(r)}"', n) for r, n in sorted(finished.items())]
-               or [("", f'{label},finished_reason="stop"', 0)])
-        counter("engine_step_errors_total", "Engine steps that raised (their requests failed).",
-                step_errors)
-        names = [("time_to_first_token_seconds", "Time from request arrival to its first token."),
-                 ("inter_token_latency_seconds", "Time between consecutive tokens of a request."),
-                 ("e2e_request_latency_seconds", "Time from request arrival to its end.")]
-        for (name, help_text), (hist, (counts, total_sum, count)) in zip(names, hists):
-            out.append(f"# HELP deepinfer:{name} {help_text}")
-            out.append(f"# TYPE deepinfer:{name} histogram")
-            running = 0
-            for bound, c in zip(hist.buckets, counts):
-                running += c
-                out.append(f'deepinfer:{name}_bucket{{{label},le="{_num(bound)}"}} {running}')
-            out.append(f'deepinfer:{name}_bucket{{{label},le="+Inf"}} {count}')
-            out.append(f"deepinfer:{name}_sum{{{label}}} {_num(total_sum)}")
-            out.append(f"deepinfer:{name}_count{{{label}}} {count}")
-        return "\n".join(out) + "\n"
+    def collect(self) -> Iterator[Metric]:
+        view = self._view
+        if view is None:  # collected outside exposition(): nothing to label the samples with
+            return
+        yield from _engine_families(view)
+        for metric in (self._finished, self._step_errors, self._ttft, self._itl, self._e2e):
+            for family in metric.collect():
+                # `_created` timestamps are dropped: the page keeps the series it had before
+                # prometheus_client.
+                family.samples = [s._replace(labels={MODEL_LABEL: view.model_name, **s.labels})
+                                  for s in family.samples if not s.name.endswith("_created")]
+                yield family
 
 
-def _snapshot(h: Histogram):
-    return list(h.counts), h.sum, h.count
+def _engine_families(view: _EngineView) -> Iterator[Metric]:
+    s = view.stats
 
+    def one(family_type, name, help_text, value):
+        family = family_type(PREFIX + name, help_text, labels=[MODEL_LABEL])
+        family.add_metric([view.model_name], value)
+        return family
 
-def _num(v) -> str:
-    if isinstance(v, bool):
-        return str(int(v))
-    if isinstance(v, int):
-        return str(v)
-    return repr(float(v))
-
-
-def _escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """{'name{labels}': value} of a Prometheus text body (for tests and tools)."""
-    values = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        values[key] = float(value)
-    return values
+    used, free = (s.num_used_blocks, s.num_free_blocks) if s else (0, 0)
+    yield one(GaugeMetricFamily, "engine_ready", "1 when the engine is built and stepping, else 0.",
+              int(view.ready))
+    yield one(GaugeMetricFamily, "num_requests_running", "Sequences in the running batch.",
+              s.num_running if s else 0)
+    yield one(GaugeMetricFamily, "num_requests_waiting", "Sequences waiting to be scheduled.",
+              s.num_waiting if s else 0)
+    yield one(GaugeMetricFamily, "kv_blocks_used",
+              "KV cache blocks in use (the reserved block 0 excluded).", used)
+    yield one(GaugeMetricFamily, "kv_blocks_free", "KV cache blocks free.", free)
+    yield one(GaugeMetricFamily, "kv_cache_usage_perc",
+              "Fraction of KV cache blocks in use (0..1).",
+              used / (used + free) if used + free else 0.0)
+    yield one(CounterMetricFamily, "prompt_tokens", "Prompt tokens prefilled (once per request).",
+              s.num_prompt_tokens if s else 0)
+    yield one(CounterMetricFamily, "generation_tokens", "Tokens generated.",
+              s.num_generation_tokens if s else 0)
+    yield one(CounterMetricFamily, "num_preemptions", "Sequences preempted (recomputed later).",
+              s.num_preemptions if s else 0)
+    yield one(CounterMetricFamily, "graphs_compiled",
+              "Graphs the graph runner compiled (Neuron regions) or captured (CUDA graphs) so far; "
+              "0 for the eager runner.", (s.num_graphs or 0) if s else 0)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "test-key-123"
@@ -107,9 +108,7 @@ class ServerProcess:
         return self.proc.returncode
 
     def metrics(self) -> dict[str, float]:
-        from serve.metrics import parse_metrics
-        text = httpx.get(self.base + "/metrics", timeout=10.0).text
-        return {key.split("{")[0] + _label_suffix(key): value for key, value in parse_metrics(text).items()}
+        return metric_values(httpx.get(self.base + "/metrics", timeout=10.0).text)
 
     def wait_metrics(self, predicate, timeout_s: float = 30.0) -> dict[str, float]:
         """Poll /metrics until predicate(metrics) holds; returns those metrics."""
@@ -123,13 +122,15 @@ class ServerProcess:
         return m
 
 
-def _label_suffix(key: str) -> str:
-    # Keep only labels that distinguish samples of one metric (finish reason, bucket bound).
-    if "{" not in key:
-        return ""
-    labels = key[key.index("{") + 1:-1]
-    keep = [part for part in labels.split(",") if not part.startswith("model_name=")]
-    return "{" + ",".join(keep) + "}" if keep else ""
+def metric_values(text: str) -> dict[str, float]:
+    """{'sample{labels}': value} of a /metrics page, parsed by prometheus_client. The model_name
+    label (the same on every sample) is left out; the others (finish reason, bucket bound) stay."""
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "model_name")
+            values[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return values
 
 
 def parse_sse(raw: str) -> tuple[list[dict], bool]:

@@ -1,4 +1,5 @@
-"""Server pieces without a server: chat template, request parsing, metrics text, body limit."""
+"""Server pieces without a server: chat template, request parsing, body limit (metrics:
+test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from serve.chat_template import ChatTurn, render_chat
 from serve.errors import APIError
-from serve.metrics import ServerMetrics, parse_metrics
 from serve.middleware import BodyLimitMiddleware
 from serve.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
@@ -89,32 +89,6 @@ def test_chat_request_thinking_switch_and_limits():
                                  "max_completion_tokens": 5}).encode(), ChatCompletionRequest)
     req.check()
     assert req.thinking is True and req.max_new_tokens == 5
-
-
-# ---- metrics ------------------------------------------------------------------------------------
-class _Stats:
-    num_running, num_waiting, num_used_blocks, num_free_blocks = 2, 1, 3, 5
-    num_prompt_tokens, num_generation_tokens, num_preemptions = 40, 9, 0
-    num_graphs = 12
-
-
-def test_metrics_text_round_trips():
-    m = ServerMetrics()
-    m.observe_ttft(0.03)
-    m.observe_itl(0.2)
-    m.observe_itl(0.02)
-    m.observe_finished("length", 1.0)
-    values = parse_metrics(m.render("tiny", _Stats(), ready=True, dead=False))
-    lab = '{model_name="tiny"}'
-    assert values[f"deepinfer:kv_blocks_used{lab}"] == 3
-    assert values[f"deepinfer:kv_cache_usage_perc{lab}"] == pytest.approx(3 / 8)
-    assert values[f"deepinfer:generation_tokens_total{lab}"] == 9
-    assert values[f"deepinfer:graphs_compiled_total{lab}"] == 12
-    assert values['deepinfer:time_to_first_token_seconds_bucket{model_name="tiny",le="0.04"}'] == 1
-    assert values['deepinfer:time_to_first_token_seconds_bucket{model_name="tiny",le="0.02"}'] == 0
-    assert values['deepinfer:inter_token_latency_seconds_bucket{model_name="tiny",le="+Inf"}'] == 2
-    assert values[f"deepinfer:inter_token_latency_seconds_sum{lab}"] == pytest.approx(0.22)
-    assert values['deepinfer:request_success_total{model_name="tiny",finished_reason="length"}'] == 1
 
 
 # ---- body limit ---------------------------------------------------------------------------------
