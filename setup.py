@@ -31,4 +31,6 @@ setup(
         "uvicorn",
     ],
     extras_require={"test": ["pytest", "httpx", "openai", "matplotlib"]},
+    # `deepinfer serve --model PATH ...`; `python -m serve ...` runs the same server.
+    entry_points={"console_scripts": ["deepinfer=deepinfer.cli:main"]},
 )

@@ -1,14 +1,21 @@
-"""EngineConfig: the engine's typed, validated knobs (vLLM names).
+"""EngineConfig: the engine's typed, validated knobs (vLLM names), and their one description.
 
 Model-dependent defaults (max_model_len) are resolved once the ModelConfig is known, through
 `resolve(model_config)`; the worker fills in `block_size` / `num_kv_blocks` when they are None.
+
+Every field carries its help text (and choices) as dataclass metadata. `LLM(model, **options)` and
+the server's command line are both built from these fields (`add_engine_args`,
+`engine_config_from_args`), so a new field is an option of both, under one name and one default.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import dataclass, field
 
 _DTYPES = ("auto", "bfloat16", "float32")
+_KV_CACHE_MODES = ("plain", "compact")
 _DEFAULT_MAX_MODEL_LEN = 4096
 _FALLBACK_KV_CACHE_BYTES = 1 << 30
 
@@ -35,27 +42,56 @@ def _check_int(name: str, value, low: int, high: int | None = None, allow_none: 
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
+def _option(default=dataclasses.MISSING, *, help: str, default_factory=dataclasses.MISSING,
+            choices: tuple[str, ...] | None = None, value_type: type | None = None,
+            default_text: str | None = None):
+    """A field that is also an engine option: `help` (and `choices`) feed the command line.
+
+    value_type: the parsed type of a command-line value for a field whose default is None or
+    computed (otherwise the default's type). default_text: what --help says the default is, for a
+    default that is not a plain value.
+    """
+    metadata = {"help": help, "choices": choices, "value_type": value_type,
+                "default_text": default_text}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class EngineConfig:
-    model: str
-    tokenizer: str | None = None  # None -> same path as model
-    dtype: str = "auto"  # "auto" -> the checkpoint's compute dtype
-    max_model_len: int | None = None  # None -> min(max_position_embeddings, 4096)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    num_kv_blocks: int | None = None  # None -> sized by the worker from kv_cache_memory_bytes
-    block_size: int | None = None  # token positions per KV block; None -> worker's choice
-    enforce_eager: bool = False
-    # Compile (Neuron) or capture (CUDA) every bucket's graph when the engine starts instead of on a
-    # bucket's first step, so no request waits for a compile.
-    warmup_graphs: bool = False
-    seed: int = 0
-    # No tokenizer: prompts must be token ids and outputs carry no text (vLLM's name).
-    skip_tokenizer_init: bool = False
-    kv_cache_memory_bytes: int = field(default_factory=_default_kv_cache_memory_bytes)
-    # "plain": cache values in the compute dtype; "compact": DeepSeek's records (fp8 e4m3 SWA with
-    # ue8m0 scales, fp4 compressed entries and index keys), dequantized when read.
-    kv_cache_mode: str = "plain"
+    model: str = _option(help="checkpoint directory", value_type=str)
+    tokenizer: str | None = _option(None, help="tokenizer path", value_type=str,
+                                    default_text="the model path")
+    dtype: str = _option("auto", help="compute dtype ('auto': the checkpoint's)", choices=_DTYPES)
+    max_model_len: int | None = _option(
+        None, help="longest sequence (prompt + output) in tokens", value_type=int,
+        default_text=f"min(max_position_embeddings, {_DEFAULT_MAX_MODEL_LEN})")
+    max_num_seqs: int = _option(64, help="sequences running at once")
+    max_num_batched_tokens: int = _option(
+        2048, help="tokens in one step (prompt chunks + decodes); at least max_num_seqs")
+    num_kv_blocks: int | None = _option(
+        None, help="KV blocks in the pool", value_type=int,
+        default_text="sized by the worker from kv_cache_memory_bytes")
+    block_size: int | None = _option(None, help="token positions per KV block", value_type=int,
+                                     default_text="the worker's choice")
+    enforce_eager: bool = _option(False, help="no CUDA / Neuron graphs: every step runs eagerly")
+    # Compiling every graph up front means no request waits for a compile.
+    warmup_graphs: bool = _option(
+        False, help="compile (Neuron) or capture (CUDA) every bucket's graph when the engine starts "
+                    "instead of on a bucket's first step")
+    seed: int = _option(0, help="engine seed (sampling of unseeded requests)")
+    skip_tokenizer_init: bool = _option(
+        False, help="load no tokenizer: prompts must be token ids and outputs carry no text")
+    # Computed at construction, so DEEPINFER_KV_CACHE_MEMORY_BYTES is read when the config is built.
+    kv_cache_memory_bytes: int = _option(
+        help="memory budget (bytes) of the KV block pool when num_kv_blocks is not given",
+        default_factory=_default_kv_cache_memory_bytes, value_type=int,
+        default_text=f"$DEEPINFER_KV_CACHE_MEMORY_BYTES, else {_FALLBACK_KV_CACHE_BYTES}")
+    kv_cache_mode: str = _option(
+        "plain", choices=_KV_CACHE_MODES,
+        help="'plain': cache values in the compute dtype; 'compact': DeepSeek's records (fp8 e4m3 "
+             "SWA with ue8m0 scales, fp4 compressed entries and index keys), dequantized when read")
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -82,8 +118,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _check_int("seed", self.seed, 0, (1 << 63) - 1)
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
-        if self.kv_cache_mode not in ("plain", "compact"):
-            raise ValueError(f"kv_cache_mode must be 'plain' or 'compact', got {self.kv_cache_mode!r}")
+        if self.kv_cache_mode not in _KV_CACHE_MODES:
+            raise ValueError(f"kv_cache_mode must be one of {_KV_CACHE_MODES}, got {self.kv_cache_mode!r}")
 
     def resolve(self, model_config) -> EngineConfig:
         """Fill model-dependent defaults and check them against the model; returns self."""
@@ -95,3 +131,55 @@ class EngineConfig:
                 f"max_model_len must be in [2, {max_pos}] (the model's max_position_embeddings), "
                 f"got {self.max_model_len}")
         return self
+
+
+def engine_option_names() -> tuple[str, ...]:
+    """Every EngineConfig field name: the keyword options of LLM and the engine flags of the CLI."""
+    return tuple(f.name for f in dataclasses.fields(EngineConfig))
+
+
+def _has_computed_default(f: dataclasses.Field) -> bool:
+    return f.default_factory is not dataclasses.MISSING
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add one `--field-name` option per EngineConfig field, with the field's default.
+
+    A required field (model) is a required option; a bool is a flag (`--enforce-eager`, or
+    `--x/--no-x` when it defaults to True). A computed default (kv_cache_memory_bytes) is left
+    None here and computed by EngineConfig when `engine_config_from_args` builds the config, at the
+    same moment as for `LLM(...)`, so both read DEEPINFER_KV_CACHE_MEMORY_BYTES alike.
+    """
+    group = parser.add_argument_group("engine options (the keyword arguments of LLM(...))")
+    for f in dataclasses.fields(EngineConfig):
+        meta = f.metadata
+        if "help" not in meta:
+            raise TypeError(f"EngineConfig.{f.name} has no help text: declare it with _option(...)")
+        flag = "--" + f.name.replace("_", "-")
+        required = f.default is dataclasses.MISSING and not _has_computed_default(f)
+        default = None if required or _has_computed_default(f) else f.default
+        help_text = meta["help"].replace("%", "%%")  # argparse %-formats help strings
+        if not required and not isinstance(default, bool):  # a flag's help says what it turns on
+            shown = meta["default_text"] or ("unset" if default is None else str(default))
+            help_text += f" (default: {shown})".replace("%", "%%")
+        if isinstance(default, bool):
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            group.add_argument(flag, dest=f.name, action=action, default=default, help=help_text)
+            continue
+        value_type = meta["value_type"] or type(default)
+        if value_type is type(None):
+            raise TypeError(f"EngineConfig.{f.name} defaults to None: give _option(value_type=...)")
+        group.add_argument(flag, dest=f.name, type=value_type, default=default, required=required,
+                           choices=meta["choices"], help=help_text)
+    return parser
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig of a namespace parsed by a parser with `add_engine_args` options."""
+    values = {}
+    for f in dataclasses.fields(EngineConfig):
+        value = getattr(args, f.name)
+        if value is None and _has_computed_default(f):
+            continue  # not given: EngineConfig computes it now
+        values[f.name] = value
+    return EngineConfig(**values)

@@ -1,4 +1,5 @@
-"""`python -m serve --model PATH ...`: parse arguments, build the engine loop and run uvicorn."""
+"""`python -m serve --model PATH ...` (also `deepinfer serve`): parse arguments, build the engine
+loop and run uvicorn."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import uvicorn
 
-from deepinfer.engine_config import EngineConfig
+from deepinfer.engine_config import EngineConfig, add_engine_args, engine_config_from_args
 from serve.app import build_app
 from serve.engine_loop import EngineLoop
 from serve.metrics import ServerMetrics
@@ -21,35 +22,34 @@ logger = logging.getLogger("serve")
 _UVICORN_GRACE_S = 5.0
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m serve",
-                                description="OpenAI-compatible server for deepinfer.")
-    p.add_argument("--model", required=True, help="checkpoint directory")
-    p.add_argument("--tokenizer", default=None, help="tokenizer path (default: --model)")
+def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every engine option (from EngineConfig) plus the options only the server has."""
+    add_engine_args(parser)
+    p = parser.add_argument_group("server options")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the --model argument)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="default: max(2048, --max-num-seqs)")
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--warmup-graphs", action="store_true",
-                   help="compile / capture every bucket's graph at startup (Neuron, CUDA) instead of on first use")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="larger request bodies get 413")
+                   help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
     p.add_argument("--max-pending", type=int, default=0,
-                   help="engine requests in flight before new ones get 503 (0: unlimited)")
+                   help="engine requests in flight before new ones get 503 (default: 0, unlimited)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may finish after SIGTERM before they are aborted")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    return p.parse_args(argv)
+                   help="seconds in-flight requests may finish after SIGTERM before they are aborted "
+                        "(default: 30)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="log level of the server and uvicorn (default: info)")
+    return parser
+
+
+def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:
+    return add_server_args(argparse.ArgumentParser(
+        prog=prog, description="OpenAI-compatible server for deepinfer."))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 class _Server(uvicorn.Server):
@@ -78,7 +78,11 @@ class _Server(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run(parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM / SIGINT or a fatal engine error; returns the exit code."""
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -103,12 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
-    engine_config = EngineConfig(
-        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
-        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
-        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-        enforce_eager=args.enforce_eager, warmup_graphs=args.warmup_graphs, seed=args.seed)
+    engine_config = engine_config_from_args(args)
     server_config = ServerConfig(
         served_model_name=args.served_model_name or args.model, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, shutdown_timeout=args.shutdown_timeout,

@@ -3,37 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 
 from tqdm.auto import tqdm
 
 from deepinfer.engine.llm_engine import LLMEngine
-from deepinfer.engine_config import EngineConfig
+from deepinfer.engine_config import EngineConfig, engine_option_names
 
 
 class LLM:
     """Offline batch generation over one LLMEngine.
 
-    Extra keyword arguments are EngineConfig fields (block_size, kv_cache_memory_bytes, ...).
+    `LLM(model, **engine_options)`: the options are the EngineConfig fields under their names and
+    with their defaults (tokenizer, dtype, max_model_len, max_num_seqs, max_num_batched_tokens,
+    kv_cache_mode, kv_cache_memory_bytes, ...); the server's command line has the same ones.
     With SamplingParams(n=k) a request yields k completions; a seeded request uses seeds
     seed, seed+1, ..., seed+k-1 for them, an unseeded one derives each from the engine seed and
     the sequence id (deepinfer.sequence.effective_seed), so runs are reproducible either way.
     """
 
-    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
-                 max_model_len: int | None = None, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, num_kv_blocks: int | None = None,
-                 enforce_eager: bool = False, seed: int = 0, **kwargs):
-        known = {f.name for f in dataclasses.fields(EngineConfig)}
-        unknown = sorted(set(kwargs) - known)
+    def __init__(self, model: str, **engine_options):
+        known = set(engine_option_names()) - {"model"}
+        unknown = sorted(set(engine_options) - known)
         if unknown:
             raise TypeError(f"LLM got unexpected argument(s) {unknown}; engine arguments are {sorted(known)}")
-        config = EngineConfig(model=model, tokenizer=tokenizer, dtype=dtype,
-                              max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens,
-                              num_kv_blocks=num_kv_blocks, enforce_eager=enforce_eager, seed=seed,
-                              **kwargs)
-        self.llm_engine = LLMEngine(config)
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_options))
         self._request_ids = itertools.count()
 
     @classmethod
@@ -102,6 +97,34 @@ class LLM:
                                         refresh=False)
         assert not pending, f"engine stopped with unfinished requests {sorted(pending)}"
         return results
+
+
+class _ComputedDefault:
+    """Stands for a default EngineConfig computes at construction (shown by help(LLM))."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<{self.text}>"
+
+
+def _init_signature() -> inspect.Signature:
+    """LLM.__init__'s signature as help() and editors show it: model, then every engine option."""
+    kind = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str")]
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "model":
+            continue
+        default = f.default
+        if default is dataclasses.MISSING:
+            default = _ComputedDefault(f.metadata["default_text"] or "computed")
+        params.append(inspect.Parameter(f.name, kind, default=default, annotation=f.type))
+    return inspect.Signature(params)
+
+
+LLM.__init__.__signature__ = _init_signature()
 
 
 def _as_prompt_list(prompts) -> list:
