@@ -1,6 +1,11 @@
 """deepinfer: an inference engine for DeepSeek V4 / V4.1 (Trainium2-first, with a CPU host mode)."""
 __version__ = "0.1.0"
 
+from deepinfer.logging_config import configure_logging as _configure_logging
+
+# DEEPINFER_LOG_LEVEL takes effect for every deepinfer logger from the first import on.
+_configure_logging()
+
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 

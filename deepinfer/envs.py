@@ -3,9 +3,10 @@
 Each variable is one `EnvVar` row in `ENV_VARS`. Values are read at call time (`get(name)` or the
 module attribute `envs.DEEPINFER_X`), never cached at import, so tests can monkeypatch os.environ.
 Code that is traced (Neuron regions) must resolve what it needs before tracing, so Dynamo never
-guards on the environment (neuron.md).
+guards on the environment.
 
-To add a variable: append an `EnvVar` row below, then regenerate the README table with
+To add a variable: append an `EnvVar` row below, read it where it takes effect (tests/test_env_reads.py
+fails for a variable that nothing outside this module reads), then regenerate the README table with
 `python -m deepinfer.envs` (tests/test_envs_readme.py fails until the README matches).
 """
 
@@ -88,24 +89,34 @@ ENV_VARS: list[EnvVar] = [
            "Platform to run on; wins over detection. Unset: /dev/neuron* -> neuron, CUDA -> cuda, else cpu.",
            ("cpu", "cuda", "neuron")),
     EnvVar("DEEPINFER_NEURON_HOST", False, "bool",
-           "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists."),
+           "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists. Without a "
+           "device, neuron is always host mode."),
     EnvVar("DEEPINFER_NEURON_CTX_BUCKETS", None, "int_list",
-           "Context-length buckets of the Neuron graphs. Unset: powers of two up to max_model_len."),
+           "Context-length buckets of the Neuron graphs, e.g. 1024,4096,16384; the largest must be >= "
+           "max_model_len. Unset: powers of two from 64, capped at max_model_len."),
     EnvVar("DEEPINFER_NEURON_PREFILL_BUCKET", None, "int_list",
-           "Prompt-chunk buckets (tokens) compiled for Neuron, e.g. 128,512; a prompt step runs in the "
-           "smallest that holds it. Unset: max_num_batched_tokens."),
+           "Prompt-chunk buckets (tokens) compiled for Neuron, e.g. 128,512, each at most "
+           "max_num_batched_tokens; a prompt step runs in the smallest that holds it (one graph per "
+           "bucket x context bucket x layer kind). Unset: max_num_batched_tokens."),
     EnvVar("DEEPINFER_NEURON_REGION_SPLIT", False, "bool",
            "Compile the attention half and the MoE of a layer as two regions instead of one."),
     EnvVar("DEEPINFER_NEURON_FP8_GUARD", False, "bool",
-           "Report every unsafe float8 op (cat, stack, index, gather, scatter, where) seen at run time."),
+           "Log every unsafe float8 op (cat, stack, advanced index, gather, scatter, where) with its call "
+           "site: eager code through a TorchFunctionMode, compiled regions by scanning their graphs."),
     EnvVar("DEEPINFER_NEURON_COMPILE_BACKEND", "aot_eager", "choice",
-           "torch.compile backend for Neuron regions in host mode.", ("aot_eager", "inductor")),
+           "torch.compile backend for Neuron regions in host mode (device mode always uses neuron).",
+           ("aot_eager", "inductor")),
     EnvVar("DEEPINFER_LOG_LEVEL", "INFO", "choice",
-           "Log level of the deepinfer loggers.", ("DEBUG", "INFO", "WARNING", "ERROR")),
+           "Level of the deepinfer loggers, applied when deepinfer is first imported; "
+           "deepinfer.logging_config.configure_logging(level) overrides it. Records go to the "
+           "application's logging handlers, or to stderr when the root logger has none.",
+           ("DEBUG", "INFO", "WARNING", "ERROR")),
     EnvVar("DEEPINFER_KV_CACHE_MEMORY_BYTES", 1 << 30, "int",
            "Memory budget (bytes) for the KV block pool when num_kv_blocks is not given."),
     EnvVar("DEEPINFER_ENGRAM_STOP_AT_BOS", False, "bool",
-           "Engram n-gram lookbacks stop at BOS/EOS (model.md §8 open item; DI behaviour unknown)."),
+           "Engram n-gram lookbacks stop at segment boundaries: no n-gram reaches back past a BOS at or "
+           "before its token, or past an EOS before it (those slots hash as the pad id). Read when the "
+           "model builds its Engram hash spec. Off: lookbacks run back to the sequence start."),
 ]
 
 _BY_NAME = {v.name: v for v in ENV_VARS}
@@ -128,12 +139,6 @@ def get(name: str) -> Any:
     if raw is None or not raw.strip():
         return row.default
     return row.parse(raw)
-
-
-def is_set(name: str) -> bool:
-    """Whether `name` is present in the environment (with a non-empty value)."""
-    spec(name)
-    return bool(os.environ.get(name, "").strip())
 
 
 def __getattr__(attr: str) -> Any:

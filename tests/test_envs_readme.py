@@ -65,7 +65,8 @@ def test_defaults(monkeypatch):
     assert envs.get("DEEPINFER_KV_CACHE_MEMORY_BYTES") == 1 << 30
     assert envs.get("DEEPINFER_NEURON_COMPILE_BACKEND") == "aot_eager"
     assert envs.get("DEEPINFER_ENGRAM_STOP_AT_BOS") is False
-    assert not envs.is_set("DEEPINFER_ACCELERATOR")
+    assert envs.get("DEEPINFER_ACCELERATOR") is None
+    assert envs.get("DEEPINFER_LOG_LEVEL") == "INFO"
 
 
 @pytest.mark.parametrize("name,value,needle", [

@@ -21,6 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from deepinfer import envs
+
 DATA_FILE = Path(__file__).parent / "data" / "engram_old2new.npz"
 # Private-use code point: marks a token that is exactly one space so that Strip() keeps it.
 _SENTINEL = "\ue000"
@@ -240,13 +242,18 @@ class EngramHashSpec:
     old2new: np.ndarray                        # int64 [vocab_size]
     num_compressed: int                        # V_c (vocab_size when compression is off)
     layers: dict[int, EngramLayerHash]
+    # Raw ids where lookbacks stop (DEEPINFER_ENGRAM_STOP_AT_BOS): empty unless the option is on.
+    segment_start_ids: tuple[int, ...] = ()
+    segment_end_ids: tuple[int, ...] = ()
     _tensor_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: Any, old2new: np.ndarray | None = None,
                     tokenizer: Any = None) -> "EngramHashSpec":
         """From a ModelConfig-like object. old2new defaults to the shipped table (or the
-        tokenizer's, see `load_compressed_vocab`) when engram_compressed_vocab is set, else identity."""
+        tokenizer's, see `load_compressed_vocab`) when engram_compressed_vocab is set, else identity.
+        With DEEPINFER_ENGRAM_STOP_AT_BOS=1 (read now), lookbacks stop at cfg.bos_token_id and after
+        cfg.eos_token_ids."""
         layer_ids = tuple(int(i) for i in cfg.engram_layer_ids)
         n_max, n_heads = int(cfg.engram_max_ngram_size), int(cfg.engram_n_heads)
         vocab_size, table_vocab = int(cfg.vocab_size), int(cfg.engram_vocab_size)
@@ -276,7 +283,9 @@ class EngramHashSpec:
             lid: _layer_hash(lid, primes[lid], compute_multipliers(lid, n_max, num_compressed))
             for lid in layer_ids
         }
-        return cls(layer_ids, n_max, n_heads, table_vocab, pad, old2new, num_compressed, layers)
+        starts, ends = _segment_ids(cfg) if envs.get("DEEPINFER_ENGRAM_STOP_AT_BOS") else ((), ())
+        return cls(layer_ids, n_max, n_heads, table_vocab, pad, old2new, num_compressed, layers,
+                   segment_start_ids=starts, segment_end_ids=ends)
 
     @property
     def pad_id(self) -> int:
@@ -299,8 +308,20 @@ class EngramHashSpec:
             )
         return self._tensor_cache[key]
 
-    def batch_ngram_ids(self, seqs, **kwargs) -> torch.Tensor:
-        return batch_ngram_ids(seqs, self.old2new, self.max_ngram_size, self.pad_token_id, **kwargs)
+    def batch_ngram_ids(self, seqs) -> torch.Tensor:
+        """G [T, N] of a step (what forward_meta.build_step_inputs puts in StepInputs.ngram_ids)."""
+        return batch_ngram_ids(seqs, self.old2new, self.max_ngram_size, self.pad_token_id,
+                               segment_start_ids=self.segment_start_ids, segment_end_ids=self.segment_end_ids)
+
+
+def _segment_ids(cfg: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(BOS ids, EOS ids) of a config; ValueError when the option is on and the config names neither."""
+    bos = getattr(cfg, "bos_token_id", None)
+    starts = () if bos is None else (int(bos),)
+    ends = tuple(int(t) for t in (getattr(cfg, "eos_token_ids", None) or ()))
+    if not starts and not ends:
+        raise ValueError("DEEPINFER_ENGRAM_STOP_AT_BOS=1: the model config has no bos_token_id and no eos_token_id")
+    return starts, ends
 
 
 # ----------------------------------------------------------------------------- per-step tensors
@@ -328,9 +349,10 @@ def batch_ngram_ids(seqs: Sequence[tuple[Sequence[int], int, int]], old2new: np.
     order, token_ids holding at least start_pos + num_tokens ids (accepted history + the tokens
     scheduled now). pad is the raw pad id.
 
-    segment_start_ids / segment_end_ids are the optional BOS/EOS reset of model.md §8 item 3
-    (DI's rule is unknown; off by default): a lookback is padded when a start token lies after it
-    (up to the current token) or an end token lies at or after it (before the current token).
+    segment_start_ids / segment_end_ids are the optional BOS/EOS reset (DEEPINFER_ENGRAM_STOP_AT_BOS;
+    whether DeepSeek's engine resets is unknown, so it is off by default): a lookback is padded when a
+    start token lies after it (up to the current token) or an end token lies at or after it (before
+    the current token).
     """
     starts, ends = set(int(i) for i in segment_start_ids), set(int(i) for i in segment_end_ids)
     window: list[int] = []          # per sequence: N-1 lookback slots + its scheduled tokens
