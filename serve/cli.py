@@ -10,6 +10,7 @@ import time
 import uvicorn
 
 from deepinfer.engine_config import EngineConfig, add_engine_args, engine_config_from_args
+from deepinfer.logging_config import configure_logging
 from serve.app import build_app
 from serve.engine_loop import EngineLoop
 from serve.metrics import ServerMetrics
@@ -38,8 +39,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may finish after SIGTERM before they are aborted "
                         "(default: 30)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
-                   help="log level of the server and uvicorn (default: info)")
+    p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
+                   help="log level of the server, the engine and uvicorn (default: DEEPINFER_LOG_LEVEL "
+                        "for the engine, info for the rest)")
     return parser
 
 
@@ -83,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / SIGINT or a fatal engine error; returns the exit code."""
-    logging.basicConfig(level=args.log_level.upper(),
+    log_level = args.log_level or "info"
+    logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level is not None:   # else the deepinfer loggers keep DEEPINFER_LOG_LEVEL
+        configure_logging(args.log_level)
     try:
         engine_config, server_config = _configs(args)
     except ValueError as e:
@@ -97,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
 
     engine_loop = EngineLoop(build_engine, ServerMetrics())
     app = build_app(ServerState(server_config, engine_loop))
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                timeout_graceful_shutdown=args.shutdown_timeout + _UVICORN_GRACE_S,
-                               access_log=args.log_level == "debug")
+                               access_log=log_level == "debug")
     server = _Server(uv_config, engine_loop, args.shutdown_timeout)
     engine_loop.on_fatal = server.fatal
     server.run()

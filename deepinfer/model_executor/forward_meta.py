@@ -34,7 +34,6 @@ class SeqChunk:
 @dataclass
 class CompressMeta:
     ratio: int
-    ring: int                 # state ring rows per slot
     overlap: bool
     src_idx: torch.Tensor     # [E, m or 2m] rows of cat([state_ring, new_rows]) pooled into each new entry
     src_valid: torch.Tensor   # [E, m or 2m]
@@ -51,13 +50,11 @@ class CompressMeta:
 class StepInputs:
     input_ids: torch.Tensor       # [T]
     positions: torch.Tensor       # [T]
-    token_seq: torch.Tensor       # [T] batch row of each token
     logits_indices: torch.Tensor  # [N]
     swa_idx: torch.Tensor         # [T, W] rows of cat([swa_ring, new_kv])
     swa_valid: torch.Tensor       # [T, W]
     swa_write_src: torch.Tensor   # [R]
     swa_write_dst: torch.Tensor   # [R]
-    ring_rows: int                # num_slots * W
     comp: dict = field(default_factory=dict)  # (ratio, ring, overlap) -> CompressMeta
     ngram_ids: torch.Tensor | None = None      # [T, N] compressed ids of tokens t, t-1, ... (pad before start)
     static_shapes: bool = False                # padded to a bucket (model_executor/static_step.py): the forward
@@ -157,7 +154,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
         vis_idx = _pool_rows(tables, token_seq[:, None].expand_as(wcol), wcol, epb)
         vis_idx = torch.where(vis_valid, vis_idx, torch.zeros_like(vis_idx))
         comp[(m, ring, overlap)] = CompressMeta(
-            ratio=m, ring=ring, overlap=overlap, src_idx=src_idx, src_valid=valid,
+            ratio=m, overlap=overlap, src_idx=src_idx, src_valid=valid,
             entry_pos=e_w * m, entry_dst=entry_dst,
             state_src=torch.nonzero(skeep).flatten(),
             state_dst=tok_slot[skeep] * ring + positions[skeep] % ring,
@@ -167,9 +164,9 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
     if layout.engram is not None:
         ngram_ids = layout.engram.batch_ngram_ids([(c.token_ids, c.ctx_len, c.num_new) for c in chunks])
 
-    return StepInputs(input_ids=input_ids, positions=positions, token_seq=token_seq,
+    return StepInputs(input_ids=input_ids, positions=positions,
                       logits_indices=logits_indices, swa_idx=swa_idx, swa_valid=swa_valid,
-                      swa_write_src=swa_write_src, swa_write_dst=swa_write_dst, ring_rows=ring_rows,
+                      swa_write_src=swa_write_src, swa_write_dst=swa_write_dst,
                       comp=comp, ngram_ids=ngram_ids)
 
 

@@ -52,10 +52,8 @@ class Worker:
         self.rank = int(rank)
         self.platform.set_device(self.rank)
         self.dtype = resolve_dtype(engine_config.dtype, model_config)
-        t0 = time.perf_counter()
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
                                                                  platform=self.platform)
-        self.load_time_s = time.perf_counter() - t0
         cfg = model_config
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
