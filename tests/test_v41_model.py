@@ -129,8 +129,16 @@ def test_compact_records_prefill_equals_decode_and_track_plain(exact_model, cfg)
     plain = run_chunks(exact_model, ids, [48])
     compact = run_chunks(exact_model, ids, [48], mode="compact")
     compact_decode = run_chunks(exact_model, ids, [1] * 48, mode="compact")
-    assert (compact_decode - compact).abs().max().item() < 2e-4
-    assert (compact - plain).abs().max().item() > 1e-4  # the records really are lossy
+    # Prefill and decode compute the values they quantize with different GEMM shapes; a ~1e-6
+    # difference can move one value across an e4m3 / e2m1 rounding boundary, which shifts the logits
+    # of the positions reading that row by up to ~1e-2 (seen on AVX-512 machines: positions 14-28 of
+    # 48 at ~5e-3, the rest at 1e-5). So: most positions agree to fp32 noise, and no difference comes
+    # near the quantization error itself.
+    per_pos = (compact_decode - compact).abs().amax(-1)
+    lossy = (compact - plain).abs().max().item()
+    assert per_pos.median().item() < 2e-4
+    assert per_pos.max().item() < 1e-2 * lossy
+    assert lossy > 1e-4  # the records really are lossy
     cos = torch.nn.functional.cosine_similarity(compact, plain, dim=-1)
     agree = (compact.argmax(-1) == plain.argmax(-1)).float().mean().item()
     print(f"compact vs plain: mean cos {cos.mean().item():.4f}, min {cos.min().item():.4f}, argmax agree {agree:.3f}")
