@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
 
@@ -18,17 +19,70 @@ class Logprob:
 SampleLogprobs = list[dict[int, Logprob]]
 
 
+class ListPrefix(SequenceABC):
+    """The first `length` items of a list that is only ever appended to: a read-only snapshot of a
+    running request's tokens (or logprobs) made in O(1), so producing an output every step does
+    not copy the whole list (a stream of N tokens would cost O(N^2)).
+
+    Sequence.truncate replaces its lists instead of cutting them in place, which keeps every
+    prefix handed out earlier true. Slicing returns a list of just the sliced items.
+    """
+
+    __slots__ = ("_items", "_length")
+
+    def __init__(self, items: list, length: int | None = None):
+        self._items = items
+        self._length = len(items) if length is None else length
+        assert 0 <= self._length <= len(items)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._items[j] for j in range(*i.indices(self._length))]
+        if i < 0:
+            i += self._length
+        if not 0 <= i < self._length:
+            raise IndexError("ListPrefix index out of range")
+        return self._items[i]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (list, tuple, ListPrefix)):
+            return len(other) == self._length and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # like list: compares by value, so not hashable
+
+    def __repr__(self) -> str:
+        return f"ListPrefix({list(self)!r})"
+
+
 @dataclass(slots=True)
 class CompletionOutput:
-    """One generated sequence. finish_reason is None while the request is running."""
+    """One generated sequence. finish_reason is None while the request is running.
+
+    `text`, `token_ids`, `logprobs`: everything generated so far. On the final output
+    (finish_reason set) token_ids / logprobs are plain lists; on a running output they are
+    ListPrefix snapshots (read-only, O(1) to make). `text` is a str, shared, never copied.
+
+    `delta_text`, `delta_token_ids`, `delta_logprobs`: what is new since the previous output of
+    this request (each output's deltas are new lists of just those items). Streaming reads only
+    these: concatenated over all outputs they equal the final text / token_ids / logprobs.
+    The text never has to be taken back: a possible stop-string prefix is held until it is
+    resolved, and text past a stop string is never released.
+    """
 
     index: int
     text: str
-    token_ids: list[int]
+    token_ids: SequenceABC[int]
     cumulative_logprob: float | None = None
-    logprobs: SampleLogprobs | None = None
+    logprobs: SequenceABC[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: SampleLogprobs | None = None  # None when logprobs were not requested
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -92,18 +92,25 @@ class Sequence:
     # Released output text: stop strings cut out, a possible partial stop string held back until
     # the sequence finishes, so streamed deltas never have to be taken back.
     output_text: str = ""
-    # What the engine already reported to the caller (for streaming deltas).
+    # What the engine already reported to the caller (see take_delta).
     num_emitted_tokens: int = 0
     num_emitted_chars: int = 0
+    # prompt + outputs, kept alongside output_token_ids so reading token_ids copies nothing.
+    _token_ids: list[int] = field(init=False, repr=False)
 
     def __post_init__(self):
         self.prompt_token_ids = list(self.prompt_token_ids)
         assert self.prompt_token_ids, "a sequence needs at least one prompt token"
+        self.output_token_ids = list(self.output_token_ids)
+        self._token_ids = self.prompt_token_ids + self.output_token_ids
 
     # ---- token views ---------------------------------------------------------------------
     @property
     def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """prompt + outputs: the live list (read it, do not mutate it), read by the worker every
+        step, so it is not rebuilt per call."""
+        assert len(self._token_ids) == len(self), "output_token_ids changed outside append_token/truncate"
+        return self._token_ids
 
     @property
     def prompt_len(self) -> int:
@@ -138,6 +145,7 @@ class Sequence:
         """Append a sampled token; logprob_entry ({id: Logprob}) is kept when logprobs were asked."""
         lp = float(logprob) if logprob is not None else 0.0
         self.output_token_ids.append(int(token_id))
+        self._token_ids.append(int(token_id))
         self.token_logprobs.append(lp)
         self.cumulative_logprob += lp
         if self.logprobs is not None:
@@ -154,6 +162,9 @@ class Sequence:
         else, because every cache entry is keyed by position and is rewritten before it is read
         again (model.md §5.3). Blocks stay allocated. The detokenizer is not rewound: call this
         before the dropped tokens were detokenized, or rebuild the detokenizer.
+
+        The lists are replaced, not cut in place: outputs hold ListPrefix snapshots of them, which
+        stay true only while the underlying list is never shortened.
         """
         assert self.prompt_len <= new_len <= len(self), (
             f"truncate({new_len}) outside [{self.prompt_len}, {len(self)}]")
@@ -161,10 +172,22 @@ class Sequence:
         self.cumulative_logprob -= sum(self.token_logprobs[keep:])
         del self.token_logprobs[keep:]
         if self.logprobs is not None:
-            del self.logprobs[keep:]
-        del self.output_token_ids[keep:]
+            self.logprobs = self.logprobs[:keep]
+        self.output_token_ids = self.output_token_ids[:keep]
+        self._token_ids = self._token_ids[:new_len]
         self.num_computed_tokens = min(self.num_computed_tokens, new_len)
         self.num_emitted_tokens = min(self.num_emitted_tokens, keep)
+
+    def take_delta(self) -> tuple[str, list[int], list[dict] | None]:
+        """(text, token ids, logprob entries) added since the previous call, and mark them as
+        reported. Costs only what is new, so streaming stays linear in the output length."""
+        start = self.num_emitted_tokens
+        delta_ids = self.output_token_ids[start:]
+        delta_logprobs = self.logprobs[start:] if self.logprobs is not None else None
+        self.num_emitted_tokens = len(self.output_token_ids)
+        delta_text = self.output_text[self.num_emitted_chars:]
+        self.num_emitted_chars = len(self.output_text)
+        return delta_text, delta_ids, delta_logprobs
 
     def reset_for_recompute(self) -> None:
         """After preemption: nothing is cached; prompt + outputs are prefilled again."""

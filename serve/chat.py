@@ -115,19 +115,15 @@ async def _stream(ctx: _Context, gen: Generation):
             async for _, out in gen.outputs():
                 for c in out.outputs:
                     st = states.setdefault(c.index, ChoiceState())
-                    change = st.advance(c)
-                    if change is None:
+                    if not st.advance(c):
                         continue
-                    delta_text, start, count = change
-                    completion_tokens[c.index] = len(c.token_ids)
-                    delta = {"content": delta_text}
+                    completion_tokens[c.index] = st.num_tokens
+                    delta = {"content": c.delta_text}
                     if not st.started:
                         st.started = True
-                        delta = {"role": "assistant", "content": delta_text}
+                        delta = {"role": "assistant", "content": c.delta_text}
                     choice = {"index": c.index, "delta": delta, "finish_reason": c.finish_reason,
-                              "stop_reason": c.stop_reason,
-                              "logprobs": ctx.logprobs((c.logprobs or [])[start:start + count])
-                              if ctx.req.logprobs else None}
+                              "stop_reason": c.stop_reason, "logprobs": ctx.logprobs(c.delta_logprobs)}
                     yield sse(ctx.envelope("chat.completion.chunk", [choice], stream=True))
             if ctx.req.include_usage:
                 yield sse(ctx.envelope("chat.completion.chunk", [],

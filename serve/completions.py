@@ -170,19 +170,18 @@ async def _stream(ctx: _Context, gen: Generation):
                 for c in out.outputs:
                     index = p_index * n + c.index
                     st = states.setdefault(index, ChoiceState())
-                    change = st.advance(c)
-                    if change is None:
+                    if not st.advance(c):
                         continue
-                    delta, start, count = change
-                    completion_tokens[index] = len(c.token_ids)
+                    delta = c.delta_text
+                    completion_tokens[index] = st.num_tokens
                     prefix = ""
                     if not st.started:
                         st.started = True
                         prefix = ctx.echo_text(p_index)
                     logprobs = None
                     if ctx.req.logprobs is not None:
-                        entries = (c.logprobs or [])[start:start + count]
-                        logprobs = completion_logprobs(entries, tokenizer, st.num_chars - len(delta))
+                        logprobs = completion_logprobs(c.delta_logprobs or [], tokenizer,
+                                                       st.num_chars - len(delta))
                     yield sse(ctx.envelope([_choice(index, prefix + delta, logprobs, c.finish_reason,
                                                     c.stop_reason)], stream=True))
             if ctx.req.include_usage:

@@ -215,15 +215,15 @@ class EngineLoop:
             sink = self._sinks.get(out.request_id)
             if sink is None:  # aborted by its client meanwhile
                 continue
-            num_tokens = sum(len(c.token_ids) for c in out.outputs)
-            if num_tokens > sink.num_tokens:
+            num_new = sum(len(c.delta_token_ids) for c in out.outputs)
+            if num_new:
                 if sink.first_token_time is None:
                     sink.first_token_time = now
                     self.metrics.observe_ttft(now - sink.arrival)
                 else:
                     self.metrics.observe_itl(now - sink.last_token_time)
                 sink.last_token_time = now
-                sink.num_tokens = num_tokens
+                sink.num_tokens += num_new
             batch.append((sink.queue, (out.request_id, out)))
             if out.finished:
                 del self._sinks[out.request_id]

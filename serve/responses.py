@@ -29,33 +29,31 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 class ChoiceState:
-    """What one choice has already sent, so each chunk carries only the new text and tokens."""
+    """What one streamed choice has sent. The engine hands over each output's delta
+    (CompletionOutput.delta_*); this only remembers the choice's running totals and whether its
+    first and last chunks went out."""
 
     __slots__ = ("num_chars", "num_tokens", "finished", "started")
 
     def __init__(self):
-        self.num_chars = 0
-        self.num_tokens = 0
+        self.num_chars = 0  # text sent so far (the completions API's text_offset)
+        self.num_tokens = 0  # tokens sent so far (usage)
         self.finished = False
         self.started = False
 
-    def advance(self, completion) -> tuple[str, int, int] | None:
-        """(delta text, first new token index, new token count), or None when nothing changed.
-
-        The engine's text only grows while a request runs (it holds back a possible stop-string
-        prefix), so the delta is the tail past what was sent.
-        """
-        text = completion.text or ""
-        num_tokens = len(completion.token_ids)
-        finishing = completion.finish_reason is not None and not self.finished
-        if num_tokens == self.num_tokens and len(text) <= self.num_chars and not finishing:
-            return None
-        delta = text[self.num_chars:]
-        start = self.num_tokens
-        self.num_chars = max(self.num_chars, len(text))
-        self.num_tokens = num_tokens
-        self.finished = completion.finish_reason is not None
-        return delta, start, num_tokens - start
+    def advance(self, completion) -> bool:
+        """Count `completion`'s delta as sent; False when it has nothing to send: no new text or
+        tokens and no finish not yet reported (a finished sibling repeats in later outputs of an
+        n > 1 request)."""
+        if self.finished:
+            return False
+        finishing = completion.finish_reason is not None
+        if not completion.delta_text and not completion.delta_token_ids and not finishing:
+            return False
+        self.num_chars += len(completion.delta_text)
+        self.num_tokens += len(completion.delta_token_ids)
+        self.finished = finishing
+        return True
 
 
 def token_text(tokenizer, token_id: int) -> str:

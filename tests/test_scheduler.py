@@ -352,7 +352,7 @@ def test_logprobs_and_streaming_deltas():
     while engine.has_unfinished_requests():
         for out in engine.step():
             c = out.outputs[0]
-            d = c.delta_token_ids if hasattr(c, "delta_token_ids") else out.extra["deltas"][0]["token_ids"]
+            d = c.delta_token_ids
             deltas[out.request_id] += d
             assert c.token_ids[-len(d):] == d
             if out.finished:
@@ -481,7 +481,7 @@ def _stream(engine, rid, prompt, sp):
     while engine.has_unfinished_requests():
         for out in engine.step():
             c = out.outputs[0]
-            text += c.delta_text if hasattr(c, "delta_text") else out.extra["deltas"][0]["text"]
+            text += c.delta_text
             assert c.text == text  # cumulative text == concatenated deltas, at every step
             final = out
     assert_pool_empty(engine)

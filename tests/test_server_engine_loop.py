@@ -46,12 +46,15 @@ class FakeEngine:
         ids = prompt["prompt_token_ids"]
         if 999 in ids:
             raise ValueError("token 999 is rejected by the engine")
-        self.requests[request_id] = {"ids": ids, "out": [], "max": params.max_tokens}
+        self.requests[request_id] = {"ids": ids, "out": [], "sent": 0, "max": params.max_tokens}
 
     def _output(self, rid, req, finish):
-        out = req["out"]
+        # As LLMEngine: the whole output so far plus the delta since this request's last output.
+        out, new = req["out"], req["out"][req["sent"]:]
+        req["sent"] = len(out)
         return RequestOutput(rid, None, req["ids"], [CompletionOutput(
-            0, "".join(f"<{t}>" for t in out), list(out), finish_reason=finish)], finish is not None)
+            0, "".join(f"<{t}>" for t in out), list(out), finish_reason=finish,
+            delta_text="".join(f"<{t}>" for t in new), delta_token_ids=new)], finish is not None)
 
     def abort_request(self, rid):
         req = self.requests.pop(rid, None)

@@ -5,7 +5,6 @@ Not thread-safe: a server calls it from a single engine thread (aborts included)
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -14,13 +13,9 @@ from typing import Any, Callable
 from deepinfer.engine.block_manager import BlockManager
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine_config import EngineConfig
-from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer.outputs import CompletionOutput, ListPrefix, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence, effective_seed
-
-
-_COMPLETION_HAS_DELTA = {"delta_text", "delta_token_ids"} <= {
-    f.name for f in dataclasses.fields(CompletionOutput)}
 
 
 def _min(values):
@@ -278,28 +273,25 @@ class LLMEngine:
         self._num_finished_requests += 1
 
     def _make_output(self, req: _Request):
-        """Cumulative state of the request plus what is new since its previous output.
+        """The request's state plus, per completion, what is new since its previous output.
 
-        The delta goes into CompletionOutput.delta_text / delta_token_ids when outputs.py has
-        those fields, else into RequestOutput.extra["deltas"] (one dict per completion).
+        Nothing here copies a whole token or logprob list: a running completion gets ListPrefix
+        snapshots, a finished one its sequence's own lists (the sequence never changes again).
         """
-        completions, deltas = [], []
+        completions = []
         for seq in req.seqs:
-            delta_ids = seq.output_token_ids[seq.num_emitted_tokens:]
-            seq.num_emitted_tokens = seq.num_output_tokens
-            text = seq.output_text
-            delta_text = text[seq.num_emitted_chars:]
-            seq.num_emitted_chars = len(text)
-            kwargs = dict(
-                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
+            delta_text, delta_ids, delta_logprobs = seq.take_delta()
+            if seq.is_finished:
+                token_ids, logprobs = seq.output_token_ids, seq.logprobs
+            else:
+                token_ids = ListPrefix(seq.output_token_ids)
+                logprobs = ListPrefix(seq.logprobs) if seq.logprobs is not None else None
+            completions.append(CompletionOutput(
+                index=seq.index, text=seq.output_text, token_ids=token_ids,
                 # Only rows that asked for logprobs are guaranteed to get them (vLLM: None).
                 cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
-                logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
-            if _COMPLETION_HAS_DELTA:
-                kwargs.update(delta_text=delta_text, delta_token_ids=delta_ids)
-            completions.append(CompletionOutput(**kwargs))
-            deltas.append({"text": delta_text, "token_ids": delta_ids})
+                logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                delta_text=delta_text, delta_token_ids=delta_ids, delta_logprobs=delta_logprobs))
         seqs = req.seqs
         metrics = RequestMetrics(
             arrival_time=req.arrival_time,
@@ -307,12 +299,10 @@ class LLMEngine:
             first_token_time=_min(s.first_token_time for s in seqs),
             last_token_time=_max(s.last_token_time for s in seqs),
             finished_time=_max(s.finished_time for s in seqs) if req.finished else None)
-        out = RequestOutput(request_id=req.request_id, prompt=req.prompt,
-                            prompt_token_ids=list(req.prompt_token_ids), outputs=completions,
-                            finished=req.finished, metrics=metrics)
-        if not _COMPLETION_HAS_DELTA:
-            out.extra["deltas"] = deltas
-        return out
+        # The request's own prompt list (the engine never changes it), not a per-step copy.
+        return RequestOutput(request_id=req.request_id, prompt=req.prompt,
+                             prompt_token_ids=req.prompt_token_ids, outputs=completions,
+                             finished=req.finished, metrics=metrics)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

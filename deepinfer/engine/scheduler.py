@@ -24,6 +24,7 @@ from deepinfer.engine.block_manager import BlockManager
 from deepinfer.engine_config import EngineConfig
 from deepinfer.outputs import Logprob
 from deepinfer.sequence import Sequence, SequenceStatus
+from deepinfer.stop_rules import apply_stop_rules
 
 
 @dataclass
@@ -189,34 +190,13 @@ class Scheduler:
                 entry = _logprob_entry(token_id, logprob, rank, top,
                                        getattr(seq.sampling_params, "logprobs", 0) or 0)
             seq.append_token(token_id, logprob, entry)
-            self._check_stop(seq)
+            apply_stop_rules(seq, self.eos_token_ids, self.config.max_model_len)
             changed.append(seq)
             if seq.is_finished:
                 self.running.remove(seq)
                 self.block_manager.free(seq)
         rows.check_consumed()
         return changed
-
-    def _check_stop(self, seq: Sequence) -> None:
-        sp = seq.sampling_params
-        token_id = seq.output_token_ids[-1]
-        num_out = seq.num_output_tokens
-        can_stop = num_out >= (getattr(sp, "min_tokens", 0) or 0)
-        # The detokenizer sees every token (EOS included) so text and stop strings stay exact.
-        stop_str = seq.detokenize_last(check_stop_strings=can_stop)
-        if can_stop:
-            if not getattr(sp, "ignore_eos", False) and token_id in self.eos_token_ids:
-                seq.finish(SequenceStatus.FINISHED_STOPPED)
-                return
-            if token_id in (getattr(sp, "stop_token_ids", None) or ()):
-                seq.finish(SequenceStatus.FINISHED_STOPPED, token_id)
-                return
-            if stop_str is not None:
-                seq.finish(SequenceStatus.FINISHED_STOPPED, stop_str)
-                return
-        max_tokens = getattr(sp, "max_tokens", None)
-        if (max_tokens is not None and num_out >= max_tokens) or len(seq) >= self.config.max_model_len:
-            seq.finish(SequenceStatus.FINISHED_LENGTH)
 
 
 class _SamplerRows:
