@@ -1,10 +1,10 @@
-"""ModelConfig: the checkpoint's config.json, normalized and validated (model.md §1).
+"""ModelConfig: the checkpoint's config.json, normalized and validated (docs/model.md §1).
 
 Both spellings of V4 are accepted: the official DeepSeek keys (`compress_ratios` 0/4/128 possibly
 listing L + nextn entries, `num_hash_layers`, `qk_rope_head_dim`, `rope_scaling`) and the
 transformers-normalised ones (`layer_types`, `mlp_layer_types`, `compress_rates`,
 `partial_rotary_factor`, `rope_parameters`). V4.1 keeps its model keys in `text_config`.
-Every rule of model.md §1.3 is checked here, so the model can trust the attributes.
+Every rule of docs/model.md §1.3 is checked here, so the model can trust the attributes.
 """
 
 from __future__ import annotations
@@ -528,7 +528,7 @@ def _parse_v41(raw: dict) -> ModelConfig:
         candidate_topk_blocks=cand_blocks,
         candidate_block_size=cand_size,
         use_fp4_sparse_kv=bool(t.get("use_fp4_sparse_kv", True)),
-        n_prefill_layer=ones[0] if ones else L,  # no ratio-1 layer: no YOCO (model.md §1.2)
+        n_prefill_layer=ones[0] if ones else L,  # no ratio-1 layer: no YOCO (docs/model.md §1.2)
         engram_layer_ids=sorted(set(engram_ids)),
         **engram,
         **dspark,

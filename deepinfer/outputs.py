@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class Logprob:
-    """Log-probability of one token under the processed distribution (model.md §6.1 step 4)."""
+    """Log-probability of one token under the processed distribution (docs/model.md §6.1 step 4)."""
 
     logprob: float
     rank: int | None = None  # 1-based rank in that distribution

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# model.md §6.1: temperature below this is greedy; the sampler clamps T to it (DI).
+# docs/model.md §6.1: temperature below this is greedy; the sampler clamps T to it (DI).
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63  # exclusive; vLLM bounds seeds to the int64 range
@@ -104,7 +104,7 @@ class SamplingParams:
 
     @property
     def effective_temperature(self) -> float:
-        """The temperature the sampler divides by (greedy clamps to 1e-5, model.md §6.1)."""
+        """The temperature the sampler divides by (greedy clamps to 1e-5, docs/model.md §6.1)."""
         return max(float(self.temperature), GREEDY_TEMPERATURE)
 
     @property

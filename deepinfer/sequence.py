@@ -160,7 +160,7 @@ class Sequence:
 
         Output tokens past new_len are dropped with their logprobs; the cache needs nothing
         else, because every cache entry is keyed by position and is rewritten before it is read
-        again (model.md §5.3). Blocks stay allocated. The detokenizer is not rewound: call this
+        again (docs/model.md §5.3). Blocks stay allocated. The detokenizer is not rewound: call this
         before the dropped tokens were detokenized, or rebuild the detokenizer.
 
         The lists are replaced, not cut in place: outputs hold ListPrefix snapshots of them, which

@@ -24,6 +24,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     req.check()
     state.check_model(req.model)
     state.engine_loop.check_available()
+    state.require_tokenizer("a chat completion", "messages")
     turns = [_turn(i, m) for i, m in enumerate(req.messages)]
     try:
         text = render_chat(turns, thinking=req.thinking, add_bos=False)

@@ -24,6 +24,12 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     req.sampling_params(req.max_tokens or None, req.logprobs)  # reject bad fields before tokenizing
     state.check_model(req.model)
     state.engine_loop.check_available()
+    if req.echo:
+        state.require_tokenizer("echo", "echo")
+    if req.logprobs is not None:
+        state.require_tokenizer("logprobs (their token strings)", "logprobs")
+    if isinstance(req.prompt, str) or (isinstance(req.prompt, list) and any(isinstance(p, str) for p in req.prompt)):
+        state.require_tokenizer("a text prompt", "prompt")
     prompts = await asyncio.to_thread(_engine_prompts, req.prompt, state.tokenizer, state.vocab_size)
     if len(prompts) * req.n > MAX_CHOICES:
         raise bad_request(f"{len(prompts)} prompts x n={req.n} exceeds {MAX_CHOICES} choices", "n")

@@ -126,7 +126,6 @@ class EngineLoop:
             self._refresh_stats()
         self._abort_all(deliver=True)
         self._refresh_stats()
-        self._shutdown_engine()
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrived."""
@@ -252,17 +251,6 @@ class EngineLoop:
             self.stats = self.engine.stats()
         except Exception:  # noqa: BLE001
             logger.exception("engine stats failed")
-
-    def _shutdown_engine(self) -> None:
-        # The engine or its worker may own processes / shared memory (CP followers).
-        for owner in (self.engine, getattr(self.engine, "worker", None)):
-            close = getattr(owner, "shutdown", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:  # noqa: BLE001
-                    logger.exception("engine shutdown failed")
-                return
 
     def _post(self, fn, *args) -> None:
         try:

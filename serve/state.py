@@ -46,6 +46,16 @@ class ServerState:
     def tokenizer(self):
         return self.engine_loop.engine.tokenizer
 
+    def require_tokenizer(self, what: str, param: str):
+        """The tokenizer, or a 400 naming `param` when the engine runs without one
+        (--skip-tokenizer-init: token-id prompts in, token ids out, no text)."""
+        tok = self.tokenizer
+        if tok is None:
+            from serve.errors import bad_request
+            raise bad_request(f"{what} needs a tokenizer, and this server runs with --skip-tokenizer-init; "
+                              f"send the prompt as token ids", param)
+        return tok
+
     @property
     def max_model_len(self) -> int:
         return int(self.engine_loop.engine.config.max_model_len)

@@ -1,4 +1,4 @@
-"""ModelConfig parsing (both V4 spellings, V4.1 text_config) and the model.md §1.3 rules."""
+"""ModelConfig parsing (both V4 spellings, V4.1 text_config) and the docs/model.md §1.3 rules."""
 
 import copy
 import dataclasses
@@ -141,10 +141,10 @@ def test_v41_tiny_layer_variants_are_valid(layers):
 
 def test_v41_large_index_topk_grows_candidate_blocks():
     c = ModelConfig.from_dict(v41_tiny_config(index_topk=512))
-    assert c.candidate_topk_blocks == 64  # model.md §7.2 exact-parity setting
+    assert c.candidate_topk_blocks == 64  # docs/model.md §7.2 exact-parity setting
 
 
-# --- model.md §1.3 and key validation: every rule raises ValueError naming the key -------------------
+# --- docs/model.md §1.3 and key validation: every rule raises ValueError naming the key -------------------
 
 V41_ERRORS = [
     ({"o_groups": 3}, "o_groups"),

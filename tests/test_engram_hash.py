@@ -1,4 +1,4 @@
-"""Engram host-side hashing (model.md §3.7, tiny V4.1 config of §7.2)."""
+"""Engram host-side hashing (docs/model.md §3.7, tiny V4.1 config of §7.2)."""
 
 from types import SimpleNamespace
 
@@ -146,7 +146,7 @@ def test_other_tokenizer_is_rebuilt_not_shipped():
 
 
 def ref_indices(spec, layer_id, g_row):
-    """Per-element Python-int reference of model.md §3.7 Hash."""
+    """Per-element Python-int reference of docs/model.md §3.7 Hash."""
     lh = spec.layer(layer_id)
     products = []
     for j, g in enumerate(g_row):

@@ -1,4 +1,4 @@
-"""Per-module checks against straightforward, independently written formulas (model.md §3)."""
+"""Per-module checks against straightforward, independently written formulas (docs/model.md §3)."""
 import math
 
 import torch
@@ -182,7 +182,7 @@ def test_engram_gate_against_formula():
 
 def test_kv_cache_report_matches_deepseek_record_sizes():
     """V4.1-Flash in DeepSeek's compact records: 720 B/token main KV + 170 B/token index keys
-    (model.md §5.1), SWA 43 rings x 128 x 528 B, three C2 state rings of 2 fp32 [2, 512] rows."""
+    (docs/model.md §5.1), SWA 43 rings x 128 x 528 B, three C2 state rings of 2 fp32 [2, 512] rows."""
     import json
     from pathlib import Path
 

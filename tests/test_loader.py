@@ -1,6 +1,6 @@
 """Loader: formats, names, sharding, and every error path, on tiny hand-made checkpoints.
 
-Expected dense values are computed here per element from the format definitions (model.md §2.1),
+Expected dense values are computed here per element from the format definitions (docs/model.md §2.1),
 not with deepinfer's quant module.
 """
 

@@ -1,4 +1,4 @@
-"""FP8 / FP4 / ue8m0 formats against per-element Python formulas (model.md §2.1, §4.1)."""
+"""FP8 / FP4 / ue8m0 formats against per-element Python formulas (docs/model.md §2.1, §4.1)."""
 
 import math
 

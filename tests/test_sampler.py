@@ -1,4 +1,4 @@
-"""Sampler vs a straightforward per-row implementation of model.md §6, plus invariants."""
+"""Sampler vs a straightforward per-row implementation of docs/model.md §6, plus invariants."""
 import random
 
 import numpy as np
@@ -29,7 +29,7 @@ def uniform_py(seed: int, pos: int, case: int = 0) -> float:
 
 
 def reference_row(logits: torch.Tensor, p: SamplingParams, seed: int, pos: int, banned=()):
-    """One row, written out as model.md §6 reads: returns (token, processed logprobs)."""
+    """One row, written out as docs/model.md §6 reads: returns (token, processed logprobs)."""
     x = logits.clone().float()
     if banned:
         x[list(banned)] = float("-inf")

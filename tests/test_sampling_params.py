@@ -60,7 +60,7 @@ def test_accepted_edges():
 
 
 def test_greedy_resets_filters():
-    # model.md §6.1: temperature < 1e-5 is greedy; top-p/top-k are reset (and min-p is moot).
+    # docs/model.md §6.1: temperature < 1e-5 is greedy; top-p/top-k are reset (and min-p is moot).
     p = SamplingParams(temperature=0.0, top_p=0.3, top_k=5, min_p=0.2)
     assert p.is_greedy and (p.top_p, p.top_k, p.min_p) == (1.0, -1, 0.0)
     assert p.effective_temperature == 1e-5

@@ -1,4 +1,4 @@
-"""Tiny checkpoints (model.md §7): layout, formats, counts, loading, and transformers on the V4 one."""
+"""Tiny checkpoints (docs/model.md §7): layout, formats, counts, loading, and transformers on the V4 one."""
 
 import importlib.util
 import json
@@ -76,7 +76,7 @@ def test_v41_parameter_counts():
     cfg = ModelConfig.from_dict(tc.v41_tiny_config())
     shapes = tc.tensor_shapes(cfg)
     backbone = sum(math.prod(s) for k, s in shapes.items() if not k.startswith("mtp."))
-    assert backbone == 77_547_344  # model.md §7.2
+    assert backbone == 77_547_344  # docs/model.md §7.2
     assert tc.count_parameters(cfg) == 87_398_516
     assert tc.engram_table_primes(cfg) == {1: [[1009, 1013], [1019, 1021]], 3: [[1031, 1033], [1039, 1049]]}
     assert tc.engram_table_rows(cfg) == {1: 4062, 3: 4152}
@@ -84,7 +84,7 @@ def test_v41_parameter_counts():
 
 def test_v4_parameter_count():
     cfg = ModelConfig.from_dict(tc.v4_tiny_config())
-    assert tc.count_parameters(cfg, include_buffers=False) == 73_432_545  # model.md §7.1 (TF count)
+    assert tc.count_parameters(cfg, include_buffers=False) == 73_432_545  # docs/model.md §7.1 (TF count)
     assert tc.count_parameters(cfg) == 73_432_545 + 4 * 8  # + gate.bias of the 4 non-hash layers
 
 

@@ -20,7 +20,7 @@ def cfg(tiny_v41_dir):
 
 @pytest.fixture(scope="module")
 def exact_model(tiny_v41_dir, cfg):
-    """Selection covers every visible entry, so prefill and decode pick the same sets (model.md §7.2)."""
+    """Selection covers every visible entry, so prefill and decode pick the same sets (docs/model.md §7.2)."""
     wide = dataclasses.replace(cfg, index_topk=512, candidate_topk_blocks=64)
     return build_model(wide, str(tiny_v41_dir), torch.float32, progress=False)
 

@@ -1,4 +1,4 @@
-"""Host-built metadata of one forward step (model.md §5; design.md §4).
+"""Host-built metadata of one forward step (docs/model.md §5; docs/architecture.md §1).
 
 The model never looks at Python sequence objects: everything it needs about which cache rows to read
 and write arrives here as index tensors built on the host, so the same forward serves prefill,

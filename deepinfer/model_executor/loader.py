@@ -1,7 +1,7 @@
-"""Safetensors checkpoint -> dense tensors under the canonical names (model.md §2).
+"""Safetensors checkpoint -> dense tensors under the canonical names (docs/model.md §2).
 
 Accepts one `model.safetensors`, shards with `model.safetensors.index.json`, or a folder of shards;
-names with or without a `model.` prefix; official DeepSeek names and transformers names (model.md
+names with or without a `model.` prefix; official DeepSeek names and transformers names (docs/model.md
 §2.3, including the stacked `experts.gate_up_proj` / `down_proj`). Dequantizes FP8 weights (scale as
 `X.scale` ue8m0 / f32 or `X.weight_scale_inv`), packed FP4 experts and the Engram table (zero rows
 appended up to the model's row count; a table padded to a multiple of 256 rows is cut back).
@@ -36,14 +36,14 @@ _ST_DTYPES = {
 }
 
 # DSpark head tensors that DI reads from one mtp index only; copies at other indices are ignored
-# (model.md §2.2, §8 item 5), as are the tied mtp embed/head copies.
+# (docs/model.md §2.2, §8 item 5), as are the tied mtp embed/head copies.
 _MTP_OPTIONAL = re.compile(r"^mtp\.\d+\.(main_proj\.|main_norm\.|markov_head\.|confidence_head\.|norm\.|hc_head_|"
                            r"embed\.weight$|head\.weight$)")
 _EXPERT = re.compile(r"^((?:layers|mtp)\.\d+)\.ffn\.experts\.(\d+)\.(w[123])\.weight$")
 
 
 def is_fp32_tensor(name: str) -> bool:
-    """Tensors kept in fp32 whatever the compute dtype (model.md §2.1)."""
+    """Tensors kept in fp32 whatever the compute dtype (docs/model.md §2.1)."""
     leaf = name.rsplit(".", 1)[-1]
     return (leaf.startswith("hc_") and leaf.endswith(("_fn", "_base", "_scale"))) or leaf == "attn_sink" \
         or name.endswith(("ffn.gate.bias", "ffn.gate.bias_vl"))
@@ -227,7 +227,7 @@ def _fmt(name: str, st: _Stored, scale: _Stored | None, exp_dtype: torch.dtype) 
         raise ValueError(f"tensor {name!r}: scale {scale.key!r} has dtype {_dtype_name(scale.dtype)}; "
                          "expected float8_e8m0fnu, uint8 or a float dtype")
     if is_fp32_tensor(name) and st.dtype != torch.float32:
-        raise ValueError(f"tensor {name!r}: must be stored as float32 (model.md §2.1); {want}")
+        raise ValueError(f"tensor {name!r}: must be stored as float32 (docs/model.md §2.1); {want}")
     return kind
 
 
@@ -260,7 +260,7 @@ def _check_shape(name: str, found: tuple, exp_shape: tuple, exp_dtype: torch.dty
 
 
 def _engram_rows(name: str, found: tuple, exp_shape: tuple, exp_dtype, st: _Stored) -> Callable:
-    """Cut or zero-pad an Engram table to the model's rows (model.md §2.1, §2.2)."""
+    """Cut or zero-pad an Engram table to the model's rows (docs/model.md §2.1, §2.2)."""
     rows, want = found[0], exp_shape[0]
     if len(found) != 2 or found[1] != exp_shape[1] or (rows > want and rows > -(-want // ENGRAM_ROW_ALIGN)
                                                       * ENGRAM_ROW_ALIGN):
@@ -399,7 +399,7 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
 
     expected: canonical name -> anything with `.shape` and `.dtype` (a tensor, a meta tensor, or a
     `(shape, dtype)` tuple such as `tiny_checkpoint.expected_tensor_specs(cfg)`).
-    dtype: output dtype of float tensors; the fp32 tensors of model.md §2.1 stay fp32. None keeps
+    dtype: output dtype of float tensors; the fp32 tensors of docs/model.md §2.1 stay fp32. None keeps
     each expected tensor's own dtype. Integer tensors (tid2eid) take the expected dtype.
     """
     model_dir = Path(model_dir)

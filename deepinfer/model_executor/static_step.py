@@ -1,4 +1,4 @@
-"""Static-shape steps shared by the graph runners (CUDA graphs, Neuron region graphs; design.md §5.1, §5.3).
+"""Static-shape steps shared by the graph runners (CUDA graphs, Neuron region graphs; docs/architecture.md §3, docs/neuron.md §5.1, §5.3).
 
 A static step's graphs depend only on (tokens T, context limit C): T is the batch bucket for decode
 steps (the platform's row buckets) or the prefill bucket for steps with a prompt chunk

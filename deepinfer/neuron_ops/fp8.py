@@ -1,4 +1,4 @@
-"""trn2 fp8: IEEE e4m3 (max 240), not OCP e4m3fn (max 448) (neuron.md A1).
+"""trn2 fp8: IEEE e4m3 (max 240), not OCP e4m3fn (max 448) (docs/neuron.md §4 A1).
 
 - Activations and KV quantize to ACT_FP8_MAX = 224 (headroom below 240, as in the seed).
 - Checkpoint e4m3fn weights are rescaled once at load: every value halved (|v| <= 224) and the

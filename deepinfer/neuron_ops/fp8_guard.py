@@ -1,4 +1,4 @@
-"""Report float8 ops that are wrong on trn2 (neuron.md A2, A3): cat / stack of float8, and advanced
+"""Report float8 ops that are wrong on trn2 (docs/neuron.md §4 A2, A3): cat / stack of float8, and advanced
 indexing / gather / scatter / where / index_select touching a float8 tensor.
 
 `Fp8Guard` is a TorchFunctionMode for eager code (loading, the eager top level, eager layers): every
@@ -82,7 +82,7 @@ class Fp8Guard(TorchFunctionMode):
         if op is not None and any(is_fp8(t) for t in tree_leaves((args, kwargs))):
             site = call_site()
             if self.raise_on_site:
-                raise RuntimeError(f"unsafe float8 op {op} at {site} (neuron.md A2/A3): use a uint8 view")
+                raise RuntimeError(f"unsafe float8 op {op} at {site} (docs/neuron.md §4 A2/A3): use a uint8 view")
             self.report.sites[(op, site)] += 1
         return func(*args, **kwargs)
 

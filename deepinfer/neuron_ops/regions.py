@@ -1,4 +1,4 @@
-"""Decoder layers compiled as regions, one compiled entry per layer kind (design.md §5.2).
+"""Decoder layers compiled as regions, one compiled entry per layer kind (docs/neuron.md §5.2).
 
 The top level of the model stays eager. `RegionRunner` is the model's `run_layer` hook: it runs
 each decoder layer as one compiled region (attention half + MoE), or as two (attention half, MoE
@@ -6,7 +6,7 @@ half) with `split=True` (DEEPINFER_NEURON_REGION_SPLIT). The layer's code reads 
 gets its caches and cross-layer inputs through `LayerIO` (models/v4_common.py), so every layer of
 a kind runs the same graph: each kind gets its own function object (its own Dynamo cache), whose
 entries are one graph per static shape (bucket). The graph count is kinds x buckets, independent of
-the number of layers (neuron.md F1).
+the number of layers (docs/neuron.md §4 F1).
 
 Backends: host mode "aot_eager" (reproduces Dynamo guards, graph breaks and AOTAutograd alias
 checks) or "inductor"; device mode "neuron" (torch-neuronx, imported lazily). Every graph is also

@@ -1,6 +1,6 @@
 """Per-layer cache storage for every layer kind of both model types, and a bytes-per-token report.
 
-Storage (model.md §5): an SWA ring per state slot for every layer, a compressor state ring per slot
+Storage (docs/model.md §5): an SWA ring per state slot for every layer, a compressor state ring per slot
 for layers that own a compressor, paged compressed entries for kv-source layers and paged index keys
 for index-K sources. V4.1 layers that share a source own no storage. Block 0 and slot 0 are scratch."""
 import math
@@ -110,7 +110,7 @@ def bytes_per_slot(cfg, dtype: torch.dtype) -> int:
 
 
 # ---- bytes-per-token report (no allocation) ----------------------------------------------------
-# Compact record sizes follow DeepSeek's engine formats (model.md §5.1): SWA kv as 512 e4m3 + one
+# Compact record sizes follow DeepSeek's engine formats (docs/model.md §5.1): SWA kv as 512 e4m3 + one
 # ue8m0 scale per 32 values; compressed main KV as e2m1 with one e4m3 scale per 16 values; index
 # keys as e2m1 with one ue8m0 scale per 32; compressor state rows stay fp32.
 def record_bytes(kind: str, width: int, mode: str, dtype: torch.dtype) -> int:

@@ -1,4 +1,4 @@
-"""Record formats of the cache stores (model.md §5.1).
+"""Record formats of the cache stores (docs/model.md §5.1).
 
 `plain` stores values in the compute dtype. `compact` stores DeepSeek's records as bytes:
 - SWA kv: e4m3 values + one ue8m0 scale per 32 (528 B for d = 512);

@@ -1,4 +1,4 @@
-"""Regenerate the shipped Engram compressed-vocabulary table (model.md §3.7).
+"""Regenerate the shipped Engram compressed-vocabulary table (docs/model.md §3.7).
 
     python examples/neuron/build_engram_vocab.py [--tokenizer PATH] [--out PATH] [--check]
 

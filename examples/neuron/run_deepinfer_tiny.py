@@ -94,7 +94,7 @@ def run_kind(kind: str, args) -> bool:
         print(f"  region graphs compiled: {regions.stats.total_graphs} for {regions.num_kinds} layer kinds; "
               f"buckets (tokens, context): {sorted(runner.buckets_seen)}; eager steps: {runner.eager_steps}")
         if regions.stats.int64_sites:
-            print(f"  int64 constants outside int32 in region graphs (neuron.md A4): "
+            print(f"  int64 constants outside int32 in region graphs (docs/neuron.md §4 A4): "
                   f"{sorted(set(regions.stats.int64_sites))}")
     if guard is not None:
         sites = guard.report.lines() + runner.fp8_sites()

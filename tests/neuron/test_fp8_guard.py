@@ -1,4 +1,4 @@
-"""fp8_guard: unsafe float8 ops (neuron.md A2, A3) are reported with their call site; safe forms are not."""
+"""fp8_guard: unsafe float8 ops (docs/neuron.md §4 A2, A3) are reported with their call site; safe forms are not."""
 import pytest
 import torch
 

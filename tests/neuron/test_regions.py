@@ -154,7 +154,7 @@ def test_fp8_guard_runs_with_compiled_regions_and_reports_nothing(regions, monke
 
 
 def test_int64_constants_outside_int32_are_flagged():
-    """neuron.md A4/A5: such constants are narrowed (or rejected) by neuronx-cc; the scan names them."""
+    """docs/neuron.md §4 A4/A5: such constants are narrowed (or rejected) by neuronx-cc; the scan names them."""
     from deepinfer.neuron_ops.regions import int64_constant_sites
     graphs = []
 

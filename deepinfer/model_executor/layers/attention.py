@@ -1,4 +1,4 @@
-"""Sink softmax attention over gathered key records (model.md §3.3).
+"""Sink softmax attention over gathered key records (docs/model.md §3.3).
 
 One query attends to its SWA window plus a set of compressed entries; both arrive as gathered
 [T, K, d] records with validity masks, which is the shape the sparse-attention kernel consumes."""

@@ -1,4 +1,4 @@
-"""Softmax-gated pooling of projected token rows into compressed entries (model.md §3.4, §3.5)."""
+"""Softmax-gated pooling of projected token rows into compressed entries (docs/model.md §3.4, §3.5)."""
 import torch
 
 

@@ -1,4 +1,4 @@
-"""Engram n-gram memory gate (model.md §3.7): table lookup, projection, per-stream gated add."""
+"""Engram n-gram memory gate (docs/model.md §3.7): table lookup, projection, per-stream gated add."""
 import torch
 
 

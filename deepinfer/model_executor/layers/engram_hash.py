@@ -1,4 +1,4 @@
-"""Engram host-side machinery (model.md §3.7): compressed vocabulary, n-gram ids, hash indices.
+"""Engram host-side machinery (docs/model.md §3.7): compressed vocabulary, n-gram ids, hash indices.
 
 Pipeline per step: token ids of each scheduled sequence -> `batch_ngram_ids` (G [T, N], compressed
 ids, j = 0 is the current token) -> `engram_indices(spec, layer_id, G)` ([T, (N-1)*n_heads] rows of
@@ -76,7 +76,7 @@ def _key_normalizer():
 
 
 def build_compressed_vocab(tokenizer: Any) -> np.ndarray:
-    """old2new int64 [V]: compressed id of every token id (model.md §3.7, ~1 s for V = 129280)."""
+    """old2new int64 [V]: compressed id of every token id (docs/model.md §3.7, ~1 s for V = 129280)."""
     tok = as_backend_tokenizer(tokenizer)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     # decode_batch runs in Rust; decoding ids one by one from Python is ~10x slower.
@@ -176,7 +176,7 @@ def next_prime(n: int) -> int:
 
 def compute_primes(layer_ids: Sequence[int], max_ngram_size: int, n_heads: int,
                    engram_vocab_size: int) -> dict[int, tuple[tuple[int, ...], ...]]:
-    """Table size per (layer, n, head): layer -> [N-1][n_heads] primes (model.md §3.7)."""
+    """Table size per (layer, n, head): layer -> [N-1][n_heads] primes (docs/model.md §3.7)."""
     used: set[int] = set()
     primes: dict[int, tuple[tuple[int, ...], ...]] = {}
     for layer_id in layer_ids:
@@ -197,7 +197,7 @@ def compute_primes(layer_ids: Sequence[int], max_ngram_size: int, n_heads: int,
 
 
 def compute_multipliers(layer_id: int, max_ngram_size: int, num_compressed: int) -> np.ndarray:
-    """Odd int64 multipliers [N]; the numpy call must stay exactly this one (model.md §3.7)."""
+    """Odd int64 multipliers [N]; the numpy call must stay exactly this one (docs/model.md §3.7)."""
     rng = np.random.default_rng(0 + 10007 * layer_id)
     bound = max(1, (2**63 - 1) // num_compressed // 2)
     return rng.integers(0, bound, size=max_ngram_size, dtype=np.int64) * 2 + 1
@@ -406,7 +406,7 @@ def _apply_segment_reset(G, flat, is_real, counts, slot, lookback, starts, ends,
 
 def engram_indices(spec: EngramHashSpec, layer_id: int, G: torch.Tensor) -> torch.Tensor:
     """Row indices int64 [T, (N-1)*n_heads] into layer_id's Engram table; G int64 [T, N] holds
-    compressed ids in [0, V_c) (products then stay below 2^63, model.md §3.7)."""
+    compressed ids in [0, V_c) (products then stay below 2^63, docs/model.md §3.7)."""
     N = spec.max_ngram_size
     if G.dim() != 2 or G.shape[1] != N:
         raise ValueError(f"G: must have shape [T, {N}], got {list(G.shape)}")

@@ -1,4 +1,4 @@
-"""Manifold-constrained hyper-connections (mHC), model.md §3.2."""
+"""Manifold-constrained hyper-connections (mHC), docs/model.md §3.2."""
 import torch
 
 

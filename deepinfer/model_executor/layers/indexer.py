@@ -1,5 +1,5 @@
 """Sparse selection: indexer scores, stable top-k, and V4.1's candidate-block prefilter
-(model.md §3.4, §3.5, §4.3)."""
+(docs/model.md §3.4, §3.5, §4.3)."""
 import torch
 
 _BF16_MAX = float(torch.finfo(torch.bfloat16).max)
@@ -36,7 +36,7 @@ def candidate_blocks(scores: torch.Tensor, n_vis: torch.Tensor, block: int, topk
     last = (col == (n_valid_blk[:, None] - 1)) & (n_valid_blk[:, None] > 0)
     bmax = torch.where(last, torch.full_like(bmax, float("inf")), bmax)
     sel = stable_topk(bmax, topk_blocks)  # [T, min(nblk, topk_blocks)]
-    # nblk as the "unused" sort key keeps the graph free of int64-max constants (neuron.md)
+    # nblk as the "unused" sort key keeps the graph free of int64-max constants (docs/neuron.md §4 A4)
     sel = torch.sort(torch.where(sel >= 0, sel, torch.full_like(sel, nblk)), dim=1).values
     sel = torch.where(sel == nblk, torch.full_like(sel, -1), sel)
     if sel.shape[1] < topk_blocks:

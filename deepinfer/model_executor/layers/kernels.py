@@ -1,4 +1,4 @@
-"""Named kernels the model calls through the platform (`platform.kernel(name)`, design.md §2).
+"""Named kernels the model calls through the platform (`platform.kernel(name)`, docs/architecture.md §2).
 
 Each name maps to a pure-PyTorch reference here; the Neuron platform maps the same names to NKI
 kernels on device and to references with the same argument lists in host mode."""

@@ -1,4 +1,4 @@
-"""Top-p, top-k and min-p on fp32 logits [R, V], in place (model.md §6.1 steps 2-3, plus min-p).
+"""Top-p, top-k and min-p on fp32 logits [R, V], in place (docs/model.md §6.1 steps 2-3, plus min-p).
 
 Each returns the result of the plain definition, a full stable descending sort (ties: lower
 index first), but usually without sorting the vocabulary: torch.topk finds the few entries that

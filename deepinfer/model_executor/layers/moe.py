@@ -1,4 +1,4 @@
-"""MoE routing and SwiGLU experts (model.md §3.6)."""
+"""MoE routing and SwiGLU experts (docs/model.md §3.6)."""
 import torch
 import torch.nn.functional as F
 
@@ -100,7 +100,7 @@ def combine_weights(idx: torch.Tensor, weights: torch.Tensor, n_experts: int) ->
 
 def dense_local_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                         w2: torch.Tensor, limit: float) -> torch.Tensor:
-    """Every expert on every row, weighted by a [T, E] combine matrix (Neuron's form, design.md §5.5):
+    """Every expert on every row, weighted by a [T, E] combine matrix (Neuron's form, docs/neuron.md §5.5):
     E/k times the FLOPs of the routed work, but plain batched GEMMs any backend compiles."""
     n_experts, inter = w13.shape[0], w2.shape[2]
     comb = combine_weights(idx, weights, n_experts)                 # [T, E]

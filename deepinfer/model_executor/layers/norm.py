@@ -1,4 +1,4 @@
-"""RMSNorm in fp32 (model.md notation RMS / RMS_w)."""
+"""RMSNorm in fp32 (docs/model.md notation RMS / RMS_w)."""
 import torch
 
 

@@ -1,6 +1,6 @@
 """Checkpoint number formats: FP8 e4m3 block weights, FP4 e2m1 packed experts, ue8m0 scales.
 
-Decoding follows model.md §2.1 and quantizing follows the TileKernels cast rule of model.md §4.1
+Decoding follows docs/model.md §2.1 and quantizing follows the TileKernels cast rule of docs/model.md §4.1
 (amax clamped below, scale = amax / Q_max rounded *up* to a power of two, q = RNE(x * (1/scale))).
 Everything is plain vectorized torch on CPU; these functions run at load time and in the tiny
 checkpoint generator, and the `di` numerics mode may reuse them for activation round trips.

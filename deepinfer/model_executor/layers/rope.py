@@ -1,4 +1,4 @@
-"""Interleaved partial RoPE on the trailing `rope_dim` channels (model.md §3.3).
+"""Interleaved partial RoPE on the trailing `rope_dim` channels (docs/model.md §3.3).
 
 Pairs are (x[2i], x[2i+1]) of the rope slice; YaRN only changes the inverse frequencies
 (mscale = 1, so cos/sin are never scaled)."""

@@ -1,4 +1,4 @@
-"""Seeded, batch-invariant draws (model.md §6.2): splitmix64 uniforms and the fp64 inverse CDF.
+"""Seeded, batch-invariant draws (docs/model.md §6.2): splitmix64 uniforms and the fp64 inverse CDF.
 
 A draw is keyed only by (seed, position, case), so a row's token never depends on the batch.
 All u64 arithmetic is numpy uint64 on arrays, which wraps mod 2**64 as the spec requires.

@@ -1,4 +1,4 @@
-"""Batched sampler over fp32 logits [N, V], following model.md §6.
+"""Batched sampler over fp32 logits [N, V], following docs/model.md §6.
 
 Per row, in order (all fp32):
   0. banned token ids -> -inf (min_tokens: EOS and stop_token_ids until enough tokens exist);

@@ -1,6 +1,6 @@
-"""The DeepSeek V4 / V4.1 decoder (model.md §3), one definition for both model types.
+"""The DeepSeek V4 / V4.1 decoder (docs/model.md §3), one definition for both model types.
 
-Module and parameter names equal the canonical checkpoint names (model.md §2.2), so
+Module and parameter names equal the canonical checkpoint names (docs/model.md §2.2), so
 `model.state_dict()` is the loader's list of expected tensors.
 
 `forward(step, cache)` takes one step's flat batch (`StepInputs`, host-built metadata) and the
@@ -103,7 +103,7 @@ class DecoderLayer(nn.Module):
 
 
 class DraftHeads(nn.Module):
-    """DSpark extras of an `mtp.{i}` block (model.md §2.2, §3.8); drafting itself is a later issue."""
+    """DSpark extras of an `mtp.{i}` block (docs/model.md §2.2, §3.8); drafting itself is a later issue."""
 
     def __init__(self, cfg, dtype, with_main: bool, with_heads: bool):
         super().__init__()
@@ -215,7 +215,7 @@ class DeepseekV4Model(nn.Module):
 
 def default_draft_layout(nextn: int) -> list[tuple[bool, bool]]:
     """(has main_proj/main_norm, has markov/confidence/norm) per draft block: DI reads main_proj from
-    mtp.0 and the heads from mtp.{nextn-1} (model.md §2.2, §8 item 5)."""
+    mtp.0 and the heads from mtp.{nextn-1} (docs/model.md §2.2, §8 item 5)."""
     return [(i == 0, i == nextn - 1) for i in range(nextn)]
 
 

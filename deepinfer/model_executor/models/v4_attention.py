@@ -1,4 +1,4 @@
-"""Attention of the V4 / V4.1 decoder (model.md §3.3-3.5): sliding window, the compressors of
+"""Attention of the V4 / V4.1 decoder (docs/model.md §3.3-3.5): sliding window, the compressors of
 CSA / HCA (V4) and C1 / C2 (V4.1), the lightning indexer and sparse top-k selection, V4.1 KV /
 index sharing, candidate blocks and YOCO."""
 from __future__ import annotations

@@ -46,7 +46,7 @@ class StepContext:
 
     Everything position- or layer-dependent is computed here, eagerly, before the layer loop (RoPE
     tables, Engram rows), so layer code only reads it: compiled layer regions then see the same
-    Python state for every layer of a kind (neuron.md F1)."""
+    Python state for every layer of a kind (docs/neuron.md §4 F1)."""
 
     def __init__(self, model: nn.Module, step: StepInputs, cache: ModelCache):
         """model: the DeepseekV4Model running the step (not imported here: that module imports this one)."""
@@ -60,7 +60,7 @@ class StepContext:
         spec = model.engram_spec
         if spec is not None and step.ngram_ids is not None:
             from deepinfer.model_executor.layers.engram_hash import engram_indices
-            # exact int64 hashing stays on the host side of the step (neuron.md A4/A5)
+            # exact int64 hashing stays on the host side of the step (docs/neuron.md §4 A4/A5)
             self.engram_rows = {lid: engram_indices(spec, lid, step.ngram_ids) for lid in spec.layer_ids}
         self.topk: dict[int, torch.Tensor] = {}
         self.candidates: torch.Tensor | None = None

@@ -1,4 +1,4 @@
-"""Feed-forward side of the V4 / V4.1 decoder (model.md §3.6-3.7): routed + shared experts with
+"""Feed-forward side of the V4 / V4.1 decoder (docs/model.md §3.6-3.7): routed + shared experts with
 score or hash routing, and the V4.1 Engram memory."""
 from __future__ import annotations
 

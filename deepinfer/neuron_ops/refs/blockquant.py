@@ -1,6 +1,6 @@
-"""References of the blockquant GEMM kernels (neuron.md §3.6): y = x @ dequant(W)^T.
+"""References of the blockquant GEMM kernels (docs/neuron.md §3.6): y = x @ dequant(W)^T.
 
-Arguments are what the device kernel reads (neuron.md A11): weight codes as uint8 bytes, ue8m0
+Arguments are what the device kernel reads (docs/neuron.md §4 A11): weight codes as uint8 bytes, ue8m0
 scales as uint8 exponent bytes, the block shape as ints; no dtype bitcasts inside a graph."""
 import torch
 
@@ -25,7 +25,7 @@ def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.T
 
 def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> torch.Tensor:
     """x: [M, K]; w_packed: uint8 e2m1 pairs [N, K/2] (low nibble first); w_scale: uint8 ue8m0 [N, K/group].
-    trn2 has no FP4 datapath (neuron.md A7): the device kernel dequantizes in SBUF; so does this."""
+    trn2 has no FP4 datapath (docs/neuron.md §4 A7): the device kernel dequantizes in SBUF; so does this."""
     if w_packed.dtype not in (torch.uint8, torch.int8):
         raise ValueError(f"w_packed dtype: expected uint8/int8 e2m1 pairs, got {w_packed.dtype}")
     w = quant.dequant_fp4(w_packed, _ue8m0(w_scale), group, out_dtype=torch.float32)

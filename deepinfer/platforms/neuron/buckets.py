@@ -1,4 +1,4 @@
-"""Neuron batch buckets (design.md §5.1). The bucket spec and static step padding every graph
+"""Neuron batch buckets (docs/neuron.md §5.1). The bucket spec and static step padding every graph
 runner shares live in model_executor/static_step.py."""
 
 

@@ -1,10 +1,10 @@
 """NeuronPlatform: AWS Trainium2 through torch-neuronx (device mode) or its CPU twin (host mode).
 
-Host mode (design.md §5.8) is DEEPINFER_ACCELERATOR=neuron with no /dev/neuron*, or with
+Host mode (docs/neuron.md §5.8) is DEEPINFER_ACCELERATOR=neuron with no /dev/neuron*, or with
 DEEPINFER_NEURON_HOST=1: device cpu, gloo, region graphs compiled with a CPU backend
 (DEEPINFER_NEURON_COMPILE_BACKEND, aot_eager by default), kernels as PyTorch references with the
 kernels' argument lists. Device mode: device `neuron`, torch.compile(backend="neuron") with the
-compiler flags of neuron.md §2.3, trn2's IEEE e4m3 fp8 (max 240). torch_neuronx is imported only
+compiler flags of docs/neuron.md §2.3, trn2's IEEE e4m3 fp8 (max 240). torch_neuronx is imported only
 inside device-mode methods, never at import time.
 
 Nothing in device mode has run on Trainium hardware in this project.
@@ -22,7 +22,7 @@ from deepinfer.neuron_ops.fp8 import ACT_FP8_MAX
 from deepinfer.platforms.interface import Platform
 from deepinfer.platforms.neuron.buckets import batch_buckets
 
-# neuron.md A1 / §2.3: let neuronx-cc read torch's float8_e4m3fn bytes as trn2's IEEE e4m3.
+# docs/neuron.md §7, §2.3: let neuronx-cc read torch's float8_e4m3fn bytes as trn2's IEEE e4m3.
 FP8_COMPILER_FLAG = "--internal-hlo2tensorizer-options=--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
 
 
@@ -33,7 +33,7 @@ def has_neuron_device() -> bool:
 def import_torch_neuronx():
     """Import torch_neuronx (device mode only) with a clear error where it is missing."""
     try:
-        import torch.utils._device  # noqa: F401  (missing without backend autoload, neuron.md G7)
+        import torch.utils._device  # noqa: F401  (missing without backend autoload, docs/neuron.md §4 G7)
         import torch_neuronx
     except ImportError as e:
         raise RuntimeError("Neuron device mode needs torch-neuronx (pip install -r requirements-neuron.txt "
@@ -49,7 +49,7 @@ class NeuronPlatform(Platform):
     runner_strategy = "neuron_regions"
 
     def __init__(self, host: bool | None = None):
-        # Resolve every env var now: traced code must never read the environment (neuron.md F4).
+        # Resolve every env var now: traced code must never read the environment (docs/neuron.md §4 F4).
         if host is None:
             host = bool(envs.get("DEEPINFER_NEURON_HOST")) or not has_neuron_device()
         self.is_host_mode = host
@@ -70,7 +70,7 @@ class NeuronPlatform(Platform):
         return torch.device("neuron", 0)   # each process sees one core as device 0 (set_device)
 
     def set_device(self, rank: int) -> None:
-        """One process per NeuronCore: device 0 of a 1-device local world (neuron.md G1, G2).
+        """One process per NeuronCore: device 0 of a 1-device local world (docs/neuron.md §4 G1, G2).
         Must run before torch_neuronx initializes the runtime, so the worker calls it first. Host mode
         has no runtime to configure: it records the rank only."""
         self.rank = int(rank)

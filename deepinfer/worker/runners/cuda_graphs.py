@@ -1,6 +1,6 @@
 """CudaGraphStrategy: decode steps replayed from CUDA graphs, one per (row bucket, context bucket).
 
-As in DeepSeek's engine (upstream-engine.md §2.4), only decode steps replay a graph; steps with a
+As in DeepSeek's engine (docs/architecture.md §3.2), only decode steps replay a graph; steps with a
 prompt chunk run eagerly. Per decode step: pick the bucket (model_executor/static_step.py BucketSpec with
 the CUDA row buckets), pad the chunks with placeholder rows (scratch slot 0 / block 0), build the
 metadata on the host, give every data-dependent length a static size (`pad_step`, logits rows

@@ -1,4 +1,4 @@
-"""NeuronRegionStrategy: static-shape steps run through compiled layer regions (design.md §4, §5.1-5.4).
+"""NeuronRegionStrategy: static-shape steps run through compiled layer regions (docs/architecture.md §1, docs/neuron.md §5.1-5.4).
 
 Per step: pick a bucket (model_executor/static_step.py BucketSpec), pad the chunks with placeholder rows
 (scratch slot 0 / block 0), build StepInputs on the host and give every data-dependent length a

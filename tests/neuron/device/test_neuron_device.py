@@ -1,7 +1,7 @@
-"""Device tier (neuron.md §5.8): needs a Trainium NeuronCore and torch-neuronx; every test here is
+"""Device tier (docs/neuron.md §5.8): needs a Trainium NeuronCore and torch-neuronx; every test here is
 marked `neuron_device` and skipped elsewhere (tests/conftest.py). None of these has run yet: this
 project has no Trainium hardware. They check the kernels and region graphs on the device against
-the host references, and the device primitives the seed found broken (neuron.md A2-A4)."""
+the host references, and the device primitives the seed found broken (docs/neuron.md §4 A2-A4)."""
 import pytest
 import torch
 
@@ -79,7 +79,7 @@ def test_strided_float8_index_through_uint8_view_is_exact(platform):
 
 
 def test_int64_sentinel_survives_a_compiled_graph(platform):
-    """neuron.md A4: int64 constants are narrowed; in-range sentinels (a vocabulary bound) survive."""
+    """docs/neuron.md §4 A4: int64 constants are narrowed; in-range sentinels (a vocabulary bound) survive."""
     def f(x):
         return torch.where(x > 0, x, torch.full_like(x, 129280))
     x = torch.tensor([3, -1, 7], dtype=torch.int64)
