@@ -5,8 +5,8 @@ and sums bytes by component:
 
 - resident: numel * element_size of every parameter and buffer the model holds, whatever its name
   (a packed `<linear>.weight_codes` counts as much as a dense `<linear>.weight`);
-- checkpoint: every canonical tensor (model.md §2.2, `tiny_checkpoint.tensor_shapes`) in the format
-  the checkpoint stores it (model.md §2.1, `tiny_checkpoint.tensor_format`): fp8 e4m3 codes plus one
+- checkpoint: every canonical tensor (docs/model.md §2.2, `tiny_checkpoint.tensor_shapes`) in the format
+  the checkpoint stores it (docs/model.md §2.1, `tiny_checkpoint.tensor_format`): fp8 e4m3 codes plus one
   scale per weight block, fp4 e2m1 experts two per byte plus one ue8m0 byte per 32 inputs, the fp8
   Engram table plus one ue8m0 byte per 32 values of a row, fp32 for the §2.1 fp32 tensors, bf16 (or
   the config dtype when unquantized) for the rest.
@@ -127,7 +127,7 @@ class CheckpointFormat:
 
 def checkpoint_format(cfg, dense: bool = False) -> CheckpointFormat:
     """The config's `quantization_config`; without one, DeepSeek's published V4 format (fp8 e4m3
-    128x128 blocks with ue8m0 scales, fp4 experts; model.md §1.3, §2.1) unless `dense`, which counts
+    128x128 blocks with ue8m0 scales, fp4 experts; docs/model.md §1.3, §2.1) unless `dense`, which counts
     the checkpoint as stored unquantized in the config dtype."""
     dense_dtype = str(cfg.torch_dtype).removeprefix("torch.")
     q = cfg.quant
