@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 _DTYPES = ("auto", "bfloat16", "float32")
 _KV_CACHE_MODES = ("plain", "compact")
+_WEIGHT_FORMATS = ("auto", "packed", "dense")
 _DEFAULT_MAX_MODEL_LEN = 4096
 _FALLBACK_KV_CACHE_BYTES = 1 << 30
 
@@ -92,6 +93,12 @@ class EngineConfig:
         "plain", choices=_KV_CACHE_MODES,
         help="'plain': cache values in the compute dtype; 'compact': DeepSeek's records (fp8 e4m3 "
              "SWA with ue8m0 scales, fp4 compressed entries and index keys), dequantized when read")
+    weight_format: str = _option(
+        "auto", choices=_WEIGHT_FORMATS,
+        help="'packed': quantized weights stay as the checkpoint stores them (fp8 e4m3 / fp4 e2m1 "
+             "codes with ue8m0 scales) and are dequantized tile by tile inside the GEMM kernels; "
+             "'dense': dequantized once at load; 'auto': the platform's default (packed on neuron and "
+             "cuda, dense on cpu)")
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -120,6 +127,8 @@ class EngineConfig:
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
         if self.kv_cache_mode not in _KV_CACHE_MODES:
             raise ValueError(f"kv_cache_mode must be one of {_KV_CACHE_MODES}, got {self.kv_cache_mode!r}")
+        if self.weight_format not in _WEIGHT_FORMATS:
+            raise ValueError(f"weight_format must be one of {_WEIGHT_FORMATS}, got {self.weight_format!r}")
 
     def resolve(self, model_config) -> EngineConfig:
         """Fill model-dependent defaults and check them against the model; returns self."""

@@ -71,11 +71,15 @@ class _HostConstructors(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _meta_setup(kind, dtype, mode="plain"):
+def _meta_setup(kind, dtype, mode="plain", weights="dense"):
     """The model built on the host and moved, as build_model moves it to a GPU (plain attributes such
-    as RoPE tables stay on the host), a cache and a padded decode step, all on meta."""
+    as RoPE tables stay on the host), a cache and a padded decode step, all on meta. weights
+    "packed": the checkpoint's quantized tensors kept packed (fp8 / fp4 kernels, packed experts)."""
+    from deepinfer.model_executor.memory_report import config_weight_formats
     cfg = tiny_config(kind)
     model = DeepseekV4Model(cfg, dtype)
+    if weights == "packed":
+        assert model.use_weight_formats(config_weight_formats(cfg)) > 0
     model.post_load()
     model.to("meta")
     bs = default_block_size(cfg)
@@ -88,17 +92,19 @@ def _meta_setup(kind, dtype, mode="plain"):
     return model, cache, step_to(step, "meta")
 
 
-@pytest.mark.parametrize("dtype,mode", [(torch.float32, "plain"), (torch.bfloat16, "plain"),
-                                        (torch.float32, "compact")])
+@pytest.mark.parametrize("dtype,mode,weights", [(torch.float32, "plain", "dense"), (torch.bfloat16, "plain", "dense"),
+                                                (torch.float32, "compact", "dense"),
+                                                (torch.bfloat16, "plain", "packed")])
 @pytest.mark.parametrize("kind", ["v4", "v41"])
-def test_padded_decode_step_is_capturable(kind, dtype, mode):
+def test_padded_decode_step_is_capturable(kind, dtype, mode, weights):
     """What a CUDA graph capture refuses, checked on meta tensors (which have no data): .item(),
     .tolist(), nonzero, bincount and boolean indexing raise on meta; after a warm-up forward (as the
     runner does before capturing), the forward must neither copy host tensors in nor build tensors
     from host data. Negative controls: the same step unpadded (routed MoE) raises, and a forward with
     the per-device RoPE tables dropped is caught copying them in. "compact" stores DeepSeek's fp8 /
-    fp4 KV records, encoded and decoded inside the forward."""
-    model, cache, step = _meta_setup(kind, dtype, mode)
+    fp4 KV records, encoded and decoded inside the forward; "packed" weights go through the fp8 / fp4
+    GEMM kernels and the fixed-shape packed experts."""
+    model, cache, step = _meta_setup(kind, dtype, mode, weights)
     model(step, cache)                                    # warm-up: per-device tables are made here
     mixes, ctors = _DeviceMixes(), _HostConstructors()
     with ctors, mixes:

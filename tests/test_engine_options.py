@@ -36,6 +36,7 @@ OTHER_VALUES = {
     "skip_tokenizer_init": True,
     "kv_cache_memory_bytes": 12345,
     "kv_cache_mode": "compact",
+    "weight_format": "packed",
 }
 
 

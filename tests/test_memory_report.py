@@ -59,7 +59,7 @@ def test_resident_columns_cover_the_canonical_tensors(fixture, dtype, request):
     """The dense model holds exactly the canonical tensors (§2.1 fp32 ones in fp32): resident bytes
     per component equal the canonical list's dense bytes, so both columns count the same tensors."""
     cfg = ModelConfig.from_pretrained(str(request.getfixturevalue(fixture)))
-    report = mr.memory_report(cfg, dtype)
+    report = mr.memory_report(cfg, dtype, weight_format="dense")
     assert report["resident_bytes"] == mr.dense_canonical_bytes(cfg, dtype)
     for column in ("resident_bytes", "checkpoint_bytes"):
         counts = report[column]
@@ -70,19 +70,35 @@ def test_resident_columns_cover_the_canonical_tensors(fixture, dtype, request):
         assert all(report["checkpoint_bytes"][c] > 0 for c in mr.COMPONENTS)
 
 
+@pytest.mark.parametrize("fixture", ["tiny_v41_dir", "tiny_v4_dir"])
+def test_packed_weights_hold_the_checkpoint_bytes(fixture, request):
+    """weight_format="packed" keeps every quantized tensor as the checkpoint stores it: those
+    components hold exactly their checkpoint bytes, stacked experts included (post_load)."""
+    cfg = ModelConfig.from_pretrained(str(request.getfixturevalue(fixture)))
+    report = mr.memory_report(cfg, torch.bfloat16, post_load=True, weight_format="packed")
+    res, ck = report["resident_bytes"], report["checkpoint_bytes"]
+    for c in ("attention_linears", "shared_expert", "routed_experts", "engram_tables"):
+        assert res[c] == ck[c], c
+    assert report["meets_target"] and report["ratio"] <= mr.TARGET_RATIO
+
+
 def test_v41_flash_builds_on_meta_without_allocating():
     cfg = ModelConfig.from_dict(json.loads(V41_FLASH.read_text()))
     before = _rss_bytes()
-    model = mr.build_meta_model(cfg, torch.bfloat16)
+    dense = mr.build_meta_model(cfg, torch.bfloat16, weight_format="dense")
+    packed = mr.build_meta_model(cfg, torch.bfloat16, post_load=True, weight_format="packed")
     grown = _rss_bytes() - before
-    tensors = mr.model_tensors(model)
-    assert tensors and all(t.is_meta for t in tensors.values())
+    for model in (dense, packed):
+        tensors = mr.model_tensors(model)
+        assert tensors and all(t.is_meta for t in tensors.values())
     assert grown < 1 << 30, f"RSS grew by {grown / 2**20:.0f} MiB building on meta"
-    report = mr.memory_report(cfg, torch.bfloat16, model=model)
+    report = mr.memory_report(cfg, torch.bfloat16, model=dense)
     assert report["resident_bytes"]["total"] > report["checkpoint_bytes"]["total"] > 0
     assert report["resident_bytes"] == mr.dense_canonical_bytes(cfg, torch.bfloat16)
-    assert isinstance(report["meets_target"], bool)
-    assert report["meets_target"] == (report["ratio"] <= mr.TARGET_RATIO)
+    assert report["meets_target"] == (report["ratio"] <= mr.TARGET_RATIO) is False
+    # the issue's target, on the engine's default form for neuron / cuda
+    packed_report = mr.memory_report(cfg, torch.bfloat16, model=packed)
+    assert packed_report["meets_target"] and packed_report["ratio"] <= mr.TARGET_RATIO
 
 
 def test_buffers_count_under_their_module_path():

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from deepinfer.model_executor.layers.quant import dequant_fp4, dequant_fp8_block, infer_block_size
+from deepinfer.model_executor.layers.quant import dequant_fp4, dequant_fp8_block, float_to_ue8m0, infer_block_size
 
 INDEX_FILE = "model.safetensors.index.json"
 VISION_PREFIXES = ("vision.", "aligner.", "image_", "vision_pipeline.")
@@ -40,6 +40,7 @@ _ST_DTYPES = {
 _MTP_OPTIONAL = re.compile(r"^mtp\.\d+\.(main_proj\.|main_norm\.|markov_head\.|confidence_head\.|norm\.|hc_head_|"
                            r"embed\.weight$|head\.weight$)")
 _EXPERT = re.compile(r"^((?:layers|mtp)\.\d+)\.ffn\.experts\.(\d+)\.(w[123])\.weight$")
+_EXPERT_STACK = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")   # transformers' stacked experts
 
 
 def is_fp32_tensor(name: str) -> bool:
@@ -187,11 +188,14 @@ def _canonical_names(stored: dict[str, _Stored]) -> tuple[dict[str, _Stored], in
 
 @dataclass
 class _Item:
-    """One stored tensor (plus scale) and the canonical outputs cut from its dense value."""
+    """One stored tensor (plus scale) and the canonical outputs cut from its value: the dense value,
+    or (raw) its stored codes, with the same cut applied to the scale for `scale_outputs`."""
     src: _Stored
     scale: _Stored | None
     fmt: str  # dense | int | fp8 | fp4
     outputs: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = field(default_factory=list)
+    raw: bool = False
+    scale_outputs: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = field(default_factory=list)
 
 
 def _spec(value: Any) -> tuple[tuple, torch.dtype]:
@@ -208,7 +212,7 @@ def _fmt(name: str, st: _Stored, scale: _Stored | None, exp_dtype: torch.dtype) 
             raise ValueError(f"tensor {name!r}: float8_e4m3fn weight without a scale (.scale or .weight_scale_inv); "
                              f"{want}")
         kind = "fp8"
-    elif st.dtype in (torch.int8, torch.uint8) and exp_dtype.is_floating_point:
+    elif st.dtype in (torch.int8, torch.uint8) and (exp_dtype.is_floating_point or exp_dtype == torch.uint8):
         if scale is None:
             raise ValueError(f"tensor {name!r}: packed fp4 (int8) weight without a scale; {want}")
         kind = "fp4"
@@ -220,6 +224,11 @@ def _fmt(name: str, st: _Stored, scale: _Stored | None, exp_dtype: torch.dtype) 
         kind = "dense"
     else:
         kind = "int"
+    if exp_dtype == torch.uint8:   # the model keeps this weight packed (layers/packed_weights.py)
+        if kind not in ("fp8", "fp4"):
+            raise ValueError(f"tensor {name!r}: the model keeps it packed (weight_format='packed') but the "
+                             f"checkpoint stores it unquantized, {st.describe()}; use weight_format='dense'")
+        return kind
     if (kind == "int") == exp_dtype.is_floating_point:
         raise ValueError(f"tensor {name!r}: {want}")
     if scale is not None and scale.dtype not in (torch.float8_e8m0fnu, torch.uint8, torch.float32,
@@ -275,8 +284,8 @@ def _engram_rows(name: str, found: tuple, exp_shape: tuple, exp_dtype, st: _Stor
     return fix
 
 
-def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtype]], hint) -> list[_Item]:
-    # Bind scales to their weights.
+def _bind_scales(names: dict[str, _Stored]) -> tuple[dict[str, _Stored], dict[str, _Stored]]:
+    """(weights and other tensors, weight name -> its scale) of a checkpoint's canonical names."""
     scales: dict[str, _Stored] = {}
     tensors: dict[str, _Stored] = {}
     for name, st in names.items():
@@ -291,24 +300,39 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
     for wname, sc in scales.items():
         if wname not in tensors:
             raise ValueError(f"scale {sc.key!r} ({sc.file}) has no weight {wname!r}")
+    return tensors, scales
+
+
+def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtype]], hint) -> list[_Item]:
+    tensors, scales = _bind_scales(names)
 
     items: list[_Item] = []
     used: set[str] = set()
     stacked: dict[str, _Item] = {}
     missing = []
+    # packed weights: `X.scale` is an output of the `X.weight` item, not a tensor of its own
+    packed_scales = {n for n in expected if n.endswith(".scale") and expected.get(n[: -len(".scale")] + ".weight",
+                                                                               (None, None))[1] == torch.uint8}
     for name, (exp_shape, exp_dtype) in expected.items():
+        if name in packed_scales:
+            continue
+        raw = exp_dtype == torch.uint8
         st = tensors.get(name)
         if st is not None:
             used.add(name)
             sc = scales.get(name)
             kind = _fmt(name, st, sc, exp_dtype)
             found = _dense_shape(name, st, sc, kind, hint)
+            dense_exp = _dense_of_packed(exp_shape, kind) if raw else exp_shape
             if name.endswith("engram.embed.weight"):
-                fix = _engram_rows(name, found, exp_shape, exp_dtype, st)
+                fix = _engram_rows(name, found, dense_exp, exp_dtype, st)
             else:
-                _check_shape(name, found, exp_shape, exp_dtype, st)
+                _check_shape(name, found, dense_exp, exp_dtype, st)
                 fix = _identity
-            items.append(_Item(st, sc, kind, [(name, fix)]))
+            item = _Item(st, sc, kind, [(name, fix)], raw=raw)
+            if raw:
+                item.scale_outputs.append((name[: -len(".weight")] + ".scale", fix))
+            items.append(item)
             continue
         m = _EXPERT.match(name)
         key = None
@@ -321,22 +345,30 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
         item = stacked.get(key)
         st, sc = tensors[key], scales.get(key)
         if item is None:
-            item = _Item(st, sc, _fmt(key, st, sc, exp_dtype))
+            item = _Item(st, sc, _fmt(key, st, sc, exp_dtype), raw=raw)
             stacked[key] = item
             items.append(item)
         found = _dense_shape(key, st, sc, item.fmt, hint)
         expert, which = int(m.group(2)), m.group(3)
+        if raw:
+            exp_shape = _dense_of_packed(exp_shape, item.fmt)
         rows = exp_shape[0]
         want = (expert + 1, 2 * rows, exp_shape[1]) if which != "w2" else (expert + 1, *exp_shape)
         if len(found) != 3 or found[0] < want[0] or tuple(found[1:]) != tuple(want[1:]):
             raise ValueError(f"tensor {name!r}: expected shape {tuple(exp_shape)} dtype {_dtype_name(exp_dtype)} "
                              f"(from stacked {key!r} [E>{expert}, {want[1]}, {want[2]}]), found {st.describe()}")
         if which == "w1":
-            item.outputs.append((name, lambda t, e=expert, r=rows: t[e, :r]))
+            cut = lambda t, e=expert, r=rows: t[e, :r]  # noqa: E731
         elif which == "w3":
-            item.outputs.append((name, lambda t, e=expert, r=rows: t[e, r:]))
+            cut = lambda t, e=expert, r=rows: t[e, r:]  # noqa: E731
         else:
-            item.outputs.append((name, lambda t, e=expert: t[e]))
+            cut = lambda t, e=expert: t[e]  # noqa: E731
+        item.outputs.append((name, cut))
+        if raw:
+            if item.fmt != "fp4":   # a row cut of an fp8 block grid would split blocks
+                raise ValueError(f"tensor {name!r}: stacked fp8 experts cannot be kept packed; use "
+                                 f"weight_format='dense'")
+            item.scale_outputs.append((name[: -len(".weight")] + ".scale", cut))
     if missing:
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s): {', '.join(missing[:10])}{more}")
@@ -366,6 +398,24 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _dense_of_packed(codes_shape: tuple, kind: str) -> tuple:
+    """Dense shape of a packed weight's codes: fp4 holds two values per byte."""
+    return (*codes_shape[:-1], 2 * codes_shape[-1]) if kind == "fp4" else tuple(codes_shape)
+
+
+def _raw(item: _Item, f_src, f_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed item's stored codes and ue8m0 exponents, both as uint8 bytes."""
+    codes = f_src.get_tensor(item.src.key).view(torch.uint8)
+    s = f_scale.get_tensor(item.scale.key)
+    if s.dtype in (torch.float8_e8m0fnu, torch.uint8):
+        return codes, s.view(torch.uint8)
+    try:   # float scales: exact powers of two become ue8m0 bytes, anything else cannot stay packed
+        return codes, float_to_ue8m0(s).view(torch.uint8)
+    except ValueError:
+        raise ValueError(f"tensor {item.src.key!r}: its scale {item.scale.key!r} is not a power of two, which "
+                         f"packed weights need (ue8m0); use weight_format='dense'") from None
+
+
 def _decode(item: _Item, f_src, f_scale, hint) -> torch.Tensor:
     t = f_src.get_tensor(item.src.key)
     if item.fmt == "fp8":
@@ -393,6 +443,42 @@ def _block_hint(model_dir: Path) -> tuple[int, int] | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def stored_formats(model_dir: str | Path) -> dict:
+    """Canonical weight name -> WeightFormat of every tensor the checkpoint stores quantized with ue8m0
+    scales, read from the file headers only: what weight_format="packed" keeps as it is stored.
+    fp8 tensors with float scales and stacked fp8 experts are left out (they load dense)."""
+    from deepinfer.model_executor.layers.packed_weights import WeightFormat
+    model_dir = Path(model_dir)
+    names, _ = _canonical_names(_scan(model_dir))
+    tensors, scales = _bind_scales(names)
+    hint = _block_hint(model_dir)
+    out = {}
+    for name, st in tensors.items():
+        sc = scales.get(name)
+        if sc is None or sc.dtype not in (torch.float8_e8m0fnu, torch.uint8) or len(st.shape) < 2:
+            continue
+        if st.dtype == torch.float8_e4m3fn:
+            if _EXPERT_STACK.search(name):
+                continue
+            block = infer_block_size(st.shape, sc.shape, hint)
+            table = name.endswith("engram.embed.weight")
+            if table and block[0] != 1:
+                continue
+            out[name] = WeightFormat("fp8_table" if table else "fp8", block)
+        elif st.dtype in (torch.int8, torch.uint8) and 2 * st.shape[-1] % sc.shape[-1] == 0:
+            fmt = WeightFormat("fp4", (1, 2 * st.shape[-1] // sc.shape[-1]))
+            m = _EXPERT_STACK.search(name)
+            if m is None:
+                out[name] = fmt
+                continue
+            base = name[: m.start()]
+            leaves = ("w2",) if m.group(1) == "down_proj" else ("w1", "w3")
+            for e in range(st.shape[0]):
+                for leaf in leaves:
+                    out[f"{base}.experts.{e}.{leaf}.weight"] = fmt
+    return out
+
+
 def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torch.dtype | None = None,
                  progress: bool = True) -> dict[str, torch.Tensor]:
     """Read, rename and dequantize a checkpoint into {canonical name: dense tensor}.
@@ -418,7 +504,18 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
             for st in (item.src, item.scale):
                 if st is not None and st.file not in handles:
                     handles[st.file] = safe_open(str(model_dir / st.file), framework="pt")
-            dense = _decode(item, handles[item.src.file], handles[item.scale.file] if item.scale else None, hint)
+            f_scale = handles[item.scale.file] if item.scale else None
+            if item.raw:
+                codes, exps = _raw(item, handles[item.src.file], f_scale)
+                for name, cut in item.outputs:
+                    out[name] = cut(codes).contiguous()
+                    bar.update(1)
+                for name, cut in item.scale_outputs:
+                    out[name] = cut(exps).contiguous()
+                    _check_shape(name, tuple(out[name].shape), specs[name][0], torch.uint8, item.scale)
+                    bar.update(1)
+                continue
+            dense = _decode(item, handles[item.src.file], f_scale, hint)
             for name, cut in item.outputs:
                 exp_dtype = specs[name][1]
                 if not exp_dtype.is_floating_point:

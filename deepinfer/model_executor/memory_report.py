@@ -93,12 +93,16 @@ def _with_total(counts: dict[str, int]) -> dict[str, int]:
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer by its full name; a tensor held under two names counts once."""
+    """Every parameter and buffer by its full name, one per storage: a tensor held under two names, or
+    a view into another's storage (each expert's weights are views of its MoE's stacks), counts once."""
     out, seen = {}, set()
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t is None or id(t) in seen:
+        if t is None:
             continue
-        seen.add(id(t))
+        key = t.untyped_storage()._cdata   # the storage itself (meta storages have no data pointer)
+        if key in seen:
+            continue
+        seen.add(key)
         out[name] = t
     return out
 
@@ -106,8 +110,28 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 def resident_bytes(model: nn.Module) -> dict[str, int]:
     counts = empty_counts()
     for name, t in model_tensors(model).items():
-        counts[component_of(name)] += t.numel() * t.element_size()
+        counts[component_of(name)] += t.untyped_storage().nbytes()
     return _with_total(counts)
+
+
+def config_weight_formats(cfg, fmt: CheckpointFormat | None = None) -> dict:
+    """Canonical weight name -> WeightFormat of what weight_format="packed" keeps packed, from the
+    config's checkpoint format (the engine reads the same from the files: loader.stored_formats)."""
+    from deepinfer.model_executor.layers.packed_weights import WeightFormat
+    from deepinfer.model_executor.tiny_checkpoint import tensor_format, tensor_shapes
+    fmt = fmt or checkpoint_format(cfg)
+    if not fmt.quantized or fmt.fp8_scale_bytes != 1:   # float scales load dense
+        return {}
+    out = {}
+    for name in tensor_shapes(cfg):
+        kind = tensor_format(cfg, name, True)
+        if kind == "fp8":
+            out[name] = WeightFormat("fp8", fmt.fp8_block)
+        elif kind == "fp4" and fmt.expert_dtype == "fp4":
+            out[name] = WeightFormat("fp4", (1, 32))
+        elif kind == "table":
+            out[name] = WeightFormat("fp8_table", (1, 32))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,28 +239,35 @@ def _no_init():
         yield
 
 
-def build_meta_model(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, post_load: bool = False):
-    """The model as the engine builds it, on the meta device. post_load also runs `model.post_load()`
-    (what the engine holds once weights are loaded: e.g. stacked expert copies)."""
+def build_meta_model(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, post_load: bool = False,
+                     weight_format: str = "packed", fmt: CheckpointFormat | None = None):
+    """The model as the engine builds it, on the meta device: weight_format "packed" keeps the
+    checkpoint's quantized tensors packed, as build_model does. post_load also runs
+    `model.post_load()` (what the engine holds once weights are loaded: the stacked experts)."""
     from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
+    if weight_format not in ("packed", "dense"):
+        raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
     with torch.device("meta"), _no_init():
         model = DeepseekV4Model(cfg, dtype, platform=platform)
+        if weight_format == "packed":
+            model.use_weight_formats(config_weight_formats(cfg, fmt))
         if post_load:
             model.post_load()
     return model
 
 
 def memory_report(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, post_load: bool = False,
-                  dense_checkpoint: bool = False, model: nn.Module | None = None) -> dict:
-    """{"dtype", "post_load", "checkpoint_format", "resident_bytes", "checkpoint_bytes", "ratio",
-    "target_ratio", "meets_target"}; bytes are {component: n, ..., "total": n}."""
-    if model is None:
-        model = build_meta_model(cfg, dtype, platform, post_load)
+                  dense_checkpoint: bool = False, model: nn.Module | None = None,
+                  weight_format: str = "packed") -> dict:
+    """{"dtype", "weight_format", "post_load", "checkpoint_format", "resident_bytes", "checkpoint_bytes",
+    "ratio", "target_ratio", "meets_target"}; bytes are {component: n, ..., "total": n}."""
     fmt = checkpoint_format(cfg, dense=dense_checkpoint)
+    if model is None:
+        model = build_meta_model(cfg, dtype, platform, post_load, weight_format, fmt)
     resident = resident_bytes(model)
     ckpt = checkpoint_bytes(cfg, fmt)
     ratio = resident["total"] / ckpt["total"] if ckpt["total"] else float("inf")
-    return {"dtype": str(dtype).removeprefix("torch."), "post_load": post_load,
+    return {"dtype": str(dtype).removeprefix("torch."), "weight_format": weight_format, "post_load": post_load,
             "checkpoint_format": {**asdict(fmt), "fp8_block": list(fmt.fp8_block)},
             "resident_bytes": resident, "checkpoint_bytes": ckpt, "ratio": ratio,
             "target_ratio": TARGET_RATIO, "meets_target": ratio <= TARGET_RATIO}

@@ -5,18 +5,17 @@
   holds one node per kernel, as a device graph would hold one NKI call;
 - device mode: the plain reference, traced into the region graph and compiled op by op by neuronx-cc.
 No NKI kernel is written yet; `PLANNED_NKI_KERNELS` says which names will get one.
-Every entry has the reference's argument list and output contract. Both MoE names are the fixed-shape
-dense form (layers/moe.py `dense_local_experts`) in both modes: no bincount / .tolist() on Neuron.
+Every entry has the reference's argument list and output contract. Both MoE names (and both packed
+fp4 MoE names) are the fixed-shape forms in both modes: no bincount / .tolist() on Neuron.
 """
 from deepinfer.model_executor.layers.kernels import KERNEL_NAMES as MODEL_KERNELS
 from deepinfer.neuron_ops import refs
 
-# Kernels the model calls through the platform, plus the ones the Neuron path adds (blockquant
-# GEMMs for fp8/fp4 weights kept quantized on device, the fused SwiGLU).
-KERNEL_NAMES = tuple(MODEL_KERNELS) + ("swiglu", "blockquant_fp8_gemm", "blockquant_fp4_gemm")
+# Kernels the model calls through the platform, plus the fused SwiGLU the Neuron path adds.
+KERNEL_NAMES = tuple(MODEL_KERNELS) + ("swiglu",)
 
-# kernel name -> the NKI kernel it is to get (issue 14, "NKI kernels for the Neuron path"; the GEMMs
-# also need issue 11's packed weight layout). Until one is written its name runs as the reference.
+# kernel name -> the NKI kernel it is to get (issue 14, "NKI kernels for the Neuron path"). Until one
+# is written its name runs as the reference.
 PLANNED_NKI_KERNELS = {
     "blockquant_fp8_gemm": "fp8 e4m3 32x32-block GEMM: dequantize in SBUF on the vector engine, fp32 PSUM, grid 2",
     "blockquant_fp4_gemm": "fp4 e2m1 1x32-group GEMM (and its grouped expert form), same tiling as fp8",
@@ -33,7 +32,7 @@ assert set(PLANNED_NKI_KERNELS) <= set(KERNEL_NAMES)
 
 
 # Every routed-expert call on Neuron is the fixed-shape form, padded step or not.
-_ALIASES = {"moe_experts_static": "moe_experts"}
+_ALIASES = {"moe_experts_static": "moe_experts", "fp4_routed_experts": "fp4_static_experts"}
 
 
 def _resolve(name: str) -> str:

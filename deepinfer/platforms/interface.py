@@ -18,6 +18,8 @@ class Platform:
     # Which runner strategy runs a step (deepinfer/worker/runners/: "eager", "cuda_graphs",
     # "neuron_regions"), by name so the platform never imports the worker.
     runner_strategy: str = "eager"
+    # weight_format="auto": where the weights live in their checkpoint formats (see each platform)
+    default_weight_format: str = "packed"
 
     @property
     def device(self) -> torch.device:
@@ -30,6 +32,11 @@ class Platform:
         """Static step shapes of this platform's runner strategy (a model_executor.static_step.BucketSpec),
         or None when steps run as they come (eager)."""
         return None
+
+    def fp8_weight_codes(self, codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bytes this platform's fp8 GEMM kernels read for a packed e4m3 weight (uint8 codes, uint8
+        ue8m0 exponents), converted once at load. The checkpoint's own bytes by default."""
+        return codes, scale
 
     def validate_config(self, engine_config, model_config) -> None:
         """Raise ValueError for what this backend cannot run."""

@@ -30,10 +30,21 @@ def resolve_dtype(dtype, model_config) -> torch.dtype:
 
 
 def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool = True,
-                platform=None) -> DeepseekV4Model:
-    from deepinfer.model_executor.loader import load_checkpoint
-    model = DeepseekV4Model(model_config, dtype, platform=platform)
+                platform=None, weight_format: str = "dense") -> DeepseekV4Model:
+    """The model with its checkpoint loaded. weight_format "packed": every tensor the checkpoint stores
+    quantized (fp8 / fp4 codes with ue8m0 scales) stays in that form (layers/packed_weights.py), in
+    the bytes the platform's kernels read; "dense": dequantized once, here. The model is built on the
+    meta device and materialized by the loader, so no weight is allocated twice."""
+    from deepinfer.model_executor.loader import load_checkpoint, stored_formats
+    if weight_format not in ("packed", "dense"):
+        raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
+    formats = stored_formats(model_dir) if weight_format == "packed" else {}
+    with torch.device("meta"):
+        model = DeepseekV4Model(model_config, dtype, platform=platform)
+    model.use_weight_formats(formats)
     load_checkpoint(model, model_dir, dtype, progress=progress)  # also runs model.post_load()
+    if platform is not None:
+        model.map_fp8_codes(platform.fp8_weight_codes)
     model.eval()
     if platform is not None and platform.device.type != "cpu":
         model.to(platform.device)
@@ -52,8 +63,11 @@ class Worker:
         self.rank = int(rank)
         self.platform.set_device(self.rank)
         self.dtype = resolve_dtype(engine_config.dtype, model_config)
+        self.weight_format = (self.platform.default_weight_format if engine_config.weight_format == "auto"
+                              else engine_config.weight_format)
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
-                                                                 platform=self.platform)
+                                                                 platform=self.platform,
+                                                                 weight_format=self.weight_format)
         cfg = model_config
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch

@@ -75,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="offline; on Neuron also the prefill bucket (default: next power of two >= "
                          "max input + max concurrency)")
     ap.add_argument("--enforce-eager", action="store_true", help="offline: no graph runner")
+    ap.add_argument("--weight-format", choices=("auto", "packed", "dense"), default="auto",
+                    help="offline: weights packed in their checkpoint formats or dequantized at load "
+                         "(default: the platform's)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads for the offline engine and the baseline (default: torch's); "
                          "1 keeps numbers stable on a machine shared with other jobs")
@@ -141,7 +144,8 @@ def build_driver(args: argparse.Namespace):
         max_num_seqs=max_conc,
         max_num_batched_tokens=(args.max_num_batched_tokens
                                 or max(max_conc, _next_pow2(max(args.input_lens) + max_conc))),
-        enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature))
+        enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature,
+        weight_format=args.weight_format))
     return driver, "deepinfer-offline", driver.platform_info()
 
 

@@ -1,6 +1,7 @@
 """Offline decode throughput of LLM.generate vs transformers' generate, plus the GEMM floor.
 
     python examples/neuron/bench_offline.py --model DIR [--batches 1,8,32] [--dtypes float32,bfloat16]
+        [--weight-formats dense,packed]
         [--input-len 32] [--output-len 32] [--no-baseline] --out results/bench_offline.json
 
 For each (dtype, batch): output tokens/s of deepinfer (ignore_eos, fixed lengths) and of
@@ -155,6 +156,9 @@ def main():
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
+    ap.add_argument("--weight-formats", default="auto",
+                    help="comma-separated: packed (checkpoint formats, dequantized in the GEMMs), dense, auto "
+                         "(the platform's default)")
     ap.add_argument("--out", default="results/bench_offline.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -163,22 +167,28 @@ def main():
     records = []
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        llm = LLM(model=args.model, dtype=dtype_name, max_model_len=args.input_len + args.output_len + 8,
-                  max_num_seqs=max(batches), max_num_batched_tokens=max(2048, max(batches) * args.input_len))
-        for b in batches:
-            rec = {"dtype": dtype_name, "batch": b, "input_len": args.input_len, "output_len": args.output_len,
-                   "engine": bench_engine(llm, b, args.input_len, args.output_len)}
-            if baseline:
-                rec["transformers"] = bench_transformers(args.model, dtype, b, args.input_len, args.output_len)
-                rec["speedup"] = rec["engine"]["tokens_per_s"] / rec["transformers"]["tokens_per_s"]
-            records.append(rec)
-            e = rec["engine"]
-            print(f"{dtype_name:9s} batch {b:3d}: engine {e['tokens_per_s']:8.1f} tok/s"
-                  + (f" | transformers {rec['transformers']['tokens_per_s']:8.1f} tok/s | x{rec['speedup']:.2f}"
-                     if baseline else "")
-                  + f" | step {e['decode_step_s'] * 1e3:6.1f} ms, GEMM floor {e['gemm_floor_s'] * 1e3:6.1f} ms"
-                  f" (x{e['step_over_floor']:.2f}), overhead {100 * e['overhead_frac']:4.1f}%", flush=True)
-        del llm
+        hf = {}   # transformers does not depend on our weight format: measured once per batch
+        for weight_format in args.weight_formats.split(","):
+            llm = LLM(model=args.model, dtype=dtype_name, max_model_len=args.input_len + args.output_len + 8,
+                      max_num_seqs=max(batches), max_num_batched_tokens=max(2048, max(batches) * args.input_len),
+                      weight_format=weight_format)
+            resolved = llm.llm_engine.worker.weight_format
+            for b in batches:
+                rec = {"dtype": dtype_name, "weight_format": resolved, "batch": b, "input_len": args.input_len,
+                       "output_len": args.output_len, "engine": bench_engine(llm, b, args.input_len, args.output_len)}
+                if baseline:
+                    if b not in hf:
+                        hf[b] = bench_transformers(args.model, dtype, b, args.input_len, args.output_len)
+                    rec["transformers"] = hf[b]
+                    rec["speedup"] = rec["engine"]["tokens_per_s"] / rec["transformers"]["tokens_per_s"]
+                records.append(rec)
+                e = rec["engine"]
+                print(f"{dtype_name:9s} {resolved:6s} batch {b:3d}: engine {e['tokens_per_s']:8.1f} tok/s"
+                      + (f" | transformers {rec['transformers']['tokens_per_s']:8.1f} tok/s | x{rec['speedup']:.2f}"
+                         if baseline else "")
+                      + f" | step {e['decode_step_s'] * 1e3:6.1f} ms, GEMM floor {e['gemm_floor_s'] * 1e3:6.1f} ms"
+                      f" (x{e['step_over_floor']:.2f}), overhead {100 * e['overhead_frac']:4.1f}%", flush=True)
+            del llm
     meta = {"model": args.model, "model_type": cfg_type, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "machine": platform.machine(), "records": records}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -34,6 +34,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", help="write the report here as JSON")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="compute dtype")
     ap.add_argument("--post-load", action="store_true", help="also run model.post_load() before counting")
+    ap.add_argument("--weight-format", default="packed", choices=["packed", "dense"],
+                    help="the engine's weight_format (default packed, as on neuron and cuda)")
     ap.add_argument("--dense-checkpoint", action="store_true",
                     help="without quantization_config, count the checkpoint as unquantized")
     ap.add_argument("--platform", default=None, choices=["cpu", "cuda", "neuron"],
@@ -46,8 +48,10 @@ def main(argv=None) -> dict:
         platform = make_platform(args.platform)
     report = {"config": args.config, **memory_report(cfg, getattr(torch, args.dtype), platform=platform,
                                                      post_load=args.post_load,
-                                                     dense_checkpoint=args.dense_checkpoint)}
-    print(f"{args.config} ({cfg.model_type}, {args.dtype}{', after post_load' if args.post_load else ''})")
+                                                     dense_checkpoint=args.dense_checkpoint,
+                                                     weight_format=args.weight_format)}
+    print(f"{args.config} ({cfg.model_type}, {args.dtype}, weight_format={args.weight_format}"
+          f"{', after post_load' if args.post_load else ''})")
     print(format_report(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -21,6 +21,12 @@ def kernel_args():
     idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(t)])
     w8, s8 = quant.quantize_fp8_block(rnd(24, 64), (8, 16))
     w4, s4 = quant.quantize_fp4(rnd(24, 64), 32)
+    e13, e13s = quant.quantize_fp4(rnd(6, 64, d) * 0.2, 32)      # 6 packed experts: [E, 2I, D/2], I = 32
+    e2, e2s = quant.quantize_fp4(rnd(6, d, 32) * 0.2, 32)
+    moe_packed = (rnd(t, d), idx, torch.rand(t, 2, generator=g), e13.view(torch.uint8), e13s.view(torch.uint8),
+                  e2.view(torch.uint8), e2s.view(torch.uint8))
+    table, table_s = quant.quantize_fp8_block(rnd(10, d), (1, 16))
+    rows = torch.tensor([[0, 3], [-1, 9], [2, 2], [5, -1], [7, 1]])
     return {
         "rms_norm": ((rnd(t, d), rnd(d), 1e-6), {}),
         "rope": ((rnd(t, h, d), rnd(t, 1, 8), rnd(t, 1, 8)), {"inverse": True}),
@@ -40,6 +46,10 @@ def kernel_args():
         "swiglu": ((rnd(t, 8) * 6, rnd(t, 8) * 6, 7.0), {}),
         "blockquant_fp8_gemm": ((rnd(t, 64), w8.view(torch.uint8), s8.view(torch.uint8), 8, 16), {}),
         "blockquant_fp4_gemm": ((rnd(t, 64), w4.view(torch.uint8), s4.view(torch.uint8), 32), {}),
+        "blockquant_fp8_grouped_gemm": ((rnd(t, 2, 64), w8.view(torch.uint8), s8.view(torch.uint8), 8, 16), {}),
+        "fp4_routed_experts": (moe_packed + (32, 10.0), {}),
+        "fp4_static_experts": (moe_packed + (32, 10.0), {}),
+        "fp8_table_rows": ((table.view(torch.uint8), table_s.view(torch.uint8), rows, 16, torch.float32), {}),
     }
 
 

@@ -50,7 +50,7 @@ def test_blockquant_references_match_dequantized_matmul():
     q4, s4 = quant.quantize_fp4(w, 32)
     got4 = kernels.reference("blockquant_fp4_gemm")(x, q4.view(torch.uint8), s4.view(torch.uint8), 32)
     assert torch.allclose(got4, x @ quant.dequant_fp4(q4, s4, 32).t(), atol=1e-5)
-    with pytest.raises(ValueError, match="w_codes dtype"):
+    with pytest.raises(ValueError, match="w_codes: expected uint8"):
         kernels.reference("blockquant_fp8_gemm")(x, q, s, 8, 16)
 
 

@@ -2,7 +2,7 @@
 
 Each name maps to a pure-PyTorch reference here; the Neuron platform maps the same names to NKI
 kernels on device and to references with the same argument lists in host mode."""
-from deepinfer.model_executor.layers import attention, compressor, engram, hc, indexer, moe, norm, rope
+from deepinfer.model_executor.layers import attention, compressor, engram, hc, indexer, moe, norm, quant_gemm, rope
 
 _REFERENCES = {
     "rms_norm": norm.rms_norm,
@@ -18,6 +18,13 @@ _REFERENCES = {
     "moe_experts_static": moe.static_routed_experts,   # padded steps (StepInputs.static_shapes)
     "expert_mlp": moe.expert_mlp,
     "engram_gate": engram.engram_gate,
+    # weights kept in their checkpoint formats (layers/packed_weights.py)
+    "blockquant_fp8_gemm": quant_gemm.blockquant_fp8_gemm,
+    "blockquant_fp8_grouped_gemm": quant_gemm.blockquant_fp8_grouped_gemm,
+    "blockquant_fp4_gemm": quant_gemm.blockquant_fp4_gemm,
+    "fp4_routed_experts": quant_gemm.fp4_routed_experts,
+    "fp4_static_experts": quant_gemm.fp4_static_experts,     # padded steps (StepInputs.static_shapes)
+    "fp8_table_rows": quant_gemm.fp8_table_rows,
 }
 
 KERNEL_NAMES = tuple(_REFERENCES)

@@ -8,7 +8,9 @@ import torch
 
 
 def rope_inv_freq(rope_dim: int, base: float, yarn: dict | None = None) -> torch.Tensor:
-    theta = 1.0 / (base ** (torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim))
+    """Host (cpu) table, also when the model is built under a meta device context (build_model):
+    cos_sin copies it to each device it meets."""
+    theta = 1.0 / (base ** (torch.arange(0, rope_dim, 2, dtype=torch.float64, device="cpu") / rope_dim))
     if not yarn:
         return theta.float()
     factor = float(yarn["factor"])
@@ -21,7 +23,7 @@ def rope_inv_freq(rope_dim: int, base: float, yarn: dict | None = None) -> torch
     hi = min(math.ceil(corr(float(yarn.get("beta_slow", 1)))), rope_dim - 1)
     if lo == hi:
         hi += 0.001
-    i = torch.arange(rope_dim // 2, dtype=torch.float64)
+    i = torch.arange(rope_dim // 2, dtype=torch.float64, device="cpu")
     ramp = ((i - lo) / (hi - lo)).clamp(0, 1)
     keep = 1 - ramp  # 1 -> original frequency (extrapolation), 0 -> interpolated
     return (theta / factor * (1 - keep) + theta * keep).float()

@@ -159,12 +159,11 @@ class DeepseekV4Model(nn.Module):
         # `x @ w.t()` multiplies by a contiguous matrix (MKL sgemm: ~1.3-2x faster for these shapes,
         # the LM head 23 -> 12 ms at batch 1). bf16 GEMMs measured the opposite (10x slower), so bf16
         # weights stay row-major. wo_a is viewed per group, so it stays row-major too.
+        # The LM head too: `h @ head.weight.t()` then multiplies by a contiguous [D, V] matrix, with no
+        # second copy of the head.
         for name, mod in self.named_modules():
-            if isinstance(mod, nn.Linear) and not name.endswith(("wo_a", "head")) and mod.weight.dtype == torch.float32:
+            if isinstance(mod, nn.Linear) and not name.endswith("wo_a") and mod.weight.dtype == torch.float32:
                 mod.weight.data = mod.weight.data.t().contiguous().t()
-        # the fp32 LM head keeps a transposed copy (see compute_logits); the parameter stays as loaded
-        if self.head.weight.dtype == torch.float32:
-            self.register_buffer("_head_t", self.head.weight.detach().t().contiguous(), persistent=False)
         for layer in self.layers:
             layer.ffn.pack()
         if hasattr(self, "mtp"):
@@ -205,12 +204,41 @@ class DeepseekV4Model(nn.Module):
         return self.kernels.rms_norm(h, self.norm.weight, cfg.rms_norm_eps)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
-        # fp32: against a contiguous [D, V] copy of the head (MKL sgemm ~1.3-2x faster than x @ W^T
-        # here); bf16 is fastest as a plain x @ W^T on these CPUs.
-        head_t = getattr(self, "_head_t", None)
-        if head_t is None:
-            return (h @ self.head.weight.t()).float()
-        return (h @ head_t).float()
+        # fp32 heads live in [D, V] memory order (post_load), so this is a contiguous sgemm; bf16 is
+        # fastest as a plain row-major x @ W^T on these CPUs.
+        return (h @ self.head.weight.t()).float()
+
+    def map_fp8_codes(self, convert) -> None:
+        """Replace every packed e4m3 weight's (codes, exponents) by convert(codes, exponents): a platform's
+        layout of the bytes its kernels read (Platform.fp8_weight_codes), applied once after loading."""
+        from deepinfer.model_executor.layers.packed_weights import PackedFp8Linear, PackedFp8Table
+        for mod in self.modules():
+            if isinstance(mod, (PackedFp8Linear, PackedFp8Table)):
+                mod.weight, mod.scale = convert(mod.weight, mod.scale)
+
+    def use_weight_formats(self, formats: dict) -> int:
+        """Keep the weights named in `formats` (canonical weight name -> WeightFormat) in their checkpoint
+        formats: each becomes a packed module (layers/packed_weights.py) on the device its dense
+        module was on (meta, before loading). Returns how many were replaced."""
+        from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table
+        replaced = 0
+        for path, mod in list(self.named_modules()):
+            fmt = formats.get(f"{path}.weight")
+            if fmt is None:
+                continue
+            device = mod.weight.device
+            if fmt.kind == "fp8" and isinstance(mod, nn.Linear):
+                new = PackedFp8Linear(mod.in_features, mod.out_features, fmt, device=device)
+            elif fmt.kind == "fp4" and isinstance(mod, nn.Linear):
+                new = PackedFp4Weight(mod.in_features, mod.out_features, fmt, device=device)
+            elif fmt.kind == "fp8_table":
+                new = PackedFp8Table(mod.weight.shape[0], mod.weight.shape[1], fmt, device=device)
+            else:
+                raise ValueError(f"{path}.weight: no packed form of a {type(mod).__name__} as {fmt}")
+            parent, _, leaf = path.rpartition(".")
+            setattr(self.get_submodule(parent) if parent else self, leaf, new)
+            replaced += 1
+        return replaced
 
 
 def default_draft_layout(nextn: int) -> list[tuple[bool, bool]]:

@@ -8,6 +8,7 @@ from torch import nn
 
 from deepinfer.model_executor.layers.compressor import gather_overlap_slots
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
+from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
 from deepinfer.model_executor.models.v4_common import LayerIO, Norm, StepContext, f32_param, linear
 
 
@@ -152,7 +153,7 @@ class Attention(nn.Module):
             return io.topk
         t = h.shape[0]
         n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
-        q = (cq @ self.indexer.wq_b.weight.t()).view(t, n_i, d_i)
+        q = linear_mm(cq, self.indexer.wq_b, ctx.k).view(t, n_i, d_i)
         cos, sin = ctx.rope("compress")
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
         w = (h @ self.indexer.weights_proj.weight.t()).float()
@@ -175,13 +176,14 @@ class Attention(nn.Module):
         cfg, step = self.cfg, ctx.step
         t = h.shape[0]
         nh, d = cfg.num_heads, cfg.head_dim
-        cq = ctx.k.rms_norm(h @ self.wq_a.weight.t(), self.q_norm.weight, cfg.rms_norm_eps)
-        q = (cq @ self.wq_b.weight.t()).view(t, nh, d)
+        cq = ctx.k.rms_norm(linear_mm(h, self.wq_a, ctx.k), self.q_norm.weight, cfg.rms_norm_eps)
+        q = linear_mm(cq, self.wq_b, ctx.k).view(t, nh, d)
         if not cfg.is_v41:
             q = ctx.k.rms_norm(q, None, cfg.rms_norm_eps)
         cos, sin = ctx.rope(self.rope_kind)
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
-        kv = ctx.k.rope(ctx.k.rms_norm(h @ self.wkv.weight.t(), self.kv_norm.weight, cfg.rms_norm_eps), cos, sin)
+        kv = ctx.k.rope(ctx.k.rms_norm(linear_mm(h, self.wkv, ctx.k), self.kv_norm.weight, cfg.rms_norm_eps),
+                        cos, sin)
 
         ring = io.swa
         # this step's rows go through the record format too, so they read back as later steps see them
@@ -202,7 +204,5 @@ class Attention(nn.Module):
         if step.swa_write_dst.numel():
             ring[step.swa_write_dst] = io.fmt.swa.encode(kv[step.swa_write_src])
         o = ctx.k.rope(o, cos[:, None], sin[:, None], inverse=True)
-        g = cfg.o_groups
-        wo_a = self.wo_a.weight.view(g, cfg.o_lora_rank, -1)
-        z = torch.einsum("tgi,goi->tgo", o.reshape(t, g, -1), wo_a)
-        return z.reshape(t, -1) @ self.wo_b.weight.t()
+        z = grouped_mm(o.reshape(t, cfg.o_groups, -1), self.wo_a, ctx.k)   # [T, G, o_lora_rank]
+        return linear_mm(z.reshape(t, -1), self.wo_b, ctx.k)

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from deepinfer.model_executor.layers.engram import engram_embed
-from deepinfer.model_executor.layers.moe import route
+from deepinfer.model_executor.layers.moe import route, swiglu
+from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table, linear_mm
 from deepinfer.model_executor.models.v4_common import StepContext, f32_param, linear
 
 
@@ -41,19 +42,37 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_inter_size, dtype)
                                      for _ in range(self.n_experts))
         self.shared_experts = Expert(cfg.hidden_size, cfg.moe_inter_size * max(1, cfg.n_shared_experts), dtype)
-        # non-persistent buffers: not checkpoint tensors, but moved by model.to(device) like the weights
-        self.register_buffer("_w13", None, persistent=False)
-        self.register_buffer("_w2", None, persistent=False)
+        # The kernels read all experts stacked: [E, 2I, D] (gate rows first) and [E, D, I], or their packed
+        # fp4 codes and exponents. Non-persistent buffers: not checkpoint tensors, but moved by
+        # model.to(device) like the weights. `pack` builds them and makes each expert's own tensors
+        # views into them, so the weights are held once.
+        for name in ("_w13", "_w2", "_w13_scale", "_w2_scale"):
+            self.register_buffer(name, None, persistent=False)
+
+    @property
+    def packed_experts(self) -> bool:
+        return isinstance(self.experts[0].w1, PackedFp4Weight)
 
     def pack(self):
-        """Stack expert weights once after loading (the per-expert modules keep the checkpoint names)."""
-        # fp32: stored transposed (see post_load)
-        w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
-        w2 = torch.stack([e.w2.weight for e in self.experts])
-        if w13.dtype == torch.float32:
-            w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
-            w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
-        self._w13, self._w2 = w13, w2
+        """Stack the experts' weights once after loading; the per-expert modules keep the checkpoint
+        names and become views of the stacks."""
+        rows = self.experts[0].w1.weight.shape[0]
+        self._w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
+        self._w2 = torch.stack([e.w2.weight for e in self.experts])
+        if self.packed_experts:
+            self._w13_scale = torch.stack([torch.cat([e.w1.scale, e.w3.scale]) for e in self.experts])
+            self._w2_scale = torch.stack([e.w2.scale for e in self.experts])
+        elif self._w13.dtype == torch.float32:  # fp32: stored transposed (see DeepseekV4Model.post_load)
+            self._w13 = self._w13.transpose(1, 2).contiguous().transpose(1, 2)
+            self._w2 = self._w2.transpose(1, 2).contiguous().transpose(1, 2)
+        for i, e in enumerate(self.experts):
+            _rebind(e.w1, "weight", self._w13[i, :rows])
+            _rebind(e.w3, "weight", self._w13[i, rows:])
+            _rebind(e.w2, "weight", self._w2[i])
+            if self.packed_experts:
+                _rebind(e.w1, "scale", self._w13_scale[i, :rows])
+                _rebind(e.w3, "scale", self._w13_scale[i, rows:])
+                _rebind(e.w2, "scale", self._w2_scale[i])
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k, static_shapes: bool = False) -> torch.Tensor:
         if self._w13 is None:
@@ -61,10 +80,26 @@ class MoE(nn.Module):
         hashed = self.gate.tid2eid[token_ids] if self.hashed else None
         bias = None if self.hashed else self.gate.bias
         idx, w = route(x, self.gate.weight, bias, self.topk, self.cfg.routed_scaling_factor, hashed)
-        experts = k.moe_experts_static if static_shapes else k.moe_experts
-        y = experts(x, idx, w, self._w13, self._w2, self.cfg.swiglu_limit)
+        limit = self.cfg.swiglu_limit
+        if self.packed_experts:
+            experts = k.fp4_static_experts if static_shapes else k.fp4_routed_experts
+            y = experts(x, idx, w, self._w13, self._w13_scale, self._w2, self._w2_scale,
+                        self.experts[0].w1.group, limit)
+        else:
+            experts = k.moe_experts_static if static_shapes else k.moe_experts
+            y = experts(x, idx, w, self._w13, self._w2, limit)
         s = self.shared_experts
-        return y + k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, self.cfg.swiglu_limit)
+        if isinstance(s.w1, PackedFp8Linear):
+            return y + linear_mm(swiglu(linear_mm(x, s.w1, k), linear_mm(x, s.w3, k), limit), s.w2, k)
+        return y + k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, limit)
+
+
+def _rebind(module: nn.Module, name: str, view: torch.Tensor) -> None:
+    """Replace a module's parameter or buffer by `view` (same shape), so its old storage is freed."""
+    if name in module._parameters:
+        module._parameters[name] = nn.Parameter(view, requires_grad=False)
+    else:
+        module._buffers[name] = view
 
 
 class Engram(nn.Module):
@@ -80,6 +115,9 @@ class Engram(nn.Module):
         self.wkv = linear(n_embed, (n_hc + 1) * dim, dtype)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, rows: torch.Tensor) -> torch.Tensor:
-        e = engram_embed(self.embed.weight, rows).to(x.dtype)
-        kv = e @ self.wkv.weight.t()
+        if isinstance(self.embed, PackedFp8Table):
+            e = ctx.k.fp8_table_rows(self.embed.weight, self.embed.scale, rows, self.embed.group, x.dtype)
+        else:
+            e = engram_embed(self.embed.weight, rows).to(x.dtype)
+        kv = linear_mm(e, self.wkv, ctx.k)
         return ctx.k.engram_gate(x, kv, self.q_weight, self.k_weight, self.cfg.rms_norm_eps)

@@ -6,15 +6,15 @@ graph will hold one NKI call once those are written, and tracing never runs the 
 fake tensors (tests/neuron/test_neuron_kernels.py checks every fake against the reference with
 opcheck). Device mode traces the plain functions of `PLAIN` instead. The math is not
 copied: the model's layer functions are the references; the routed MoE is the fixed-shape dense form
-(layers/moe.py `dense_local_experts`), the one a Neuron graph can hold.
+(layers/moe.py `dense_local_experts`, and `fp4_static_experts` on packed experts), the one a Neuron
+graph can hold.
 """
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from deepinfer.model_executor.layers import attention, compressor, engram, hc, indexer, moe, norm, rope
-from deepinfer.neuron_ops.refs import blockquant
+from deepinfer.model_executor.layers import attention, compressor, engram, hc, indexer, moe, norm, quant_gemm, rope
 
 _NS = "deepinfer_neuron"
 
@@ -47,7 +47,12 @@ FAKES = {
     "swiglu": lambda gate, up, limit: torch.empty_like(gate),
     "blockquant_fp8_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(x.shape[0],
                                                                                          w_codes.shape[0]),
+    "blockquant_fp8_grouped_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
+        x.shape[0], x.shape[1], w_codes.shape[0] // x.shape[1]),
     "blockquant_fp4_gemm": lambda x, w_packed, w_scale, group: x.new_empty(x.shape[0], w_packed.shape[0]),
+    "fp4_static_experts": lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit: torch.empty_like(x),
+    "fp8_table_rows": lambda codes, scale, rows, group, dtype: codes.new_empty(
+        rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype),
 }
 
 
@@ -105,11 +110,25 @@ def _swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
 
 
 def _blockquant_fp8_gemm(x: Tensor, w_codes: Tensor, w_scale: Tensor, block_rows: int, block_cols: int) -> Tensor:
-    return blockquant.blockquant_fp8_gemm(x, w_codes, w_scale, block_rows, block_cols)
+    return quant_gemm.blockquant_fp8_gemm(x, w_codes, w_scale, block_rows, block_cols)
+
+
+def _blockquant_fp8_grouped_gemm(x: Tensor, w_codes: Tensor, w_scale: Tensor, block_rows: int,
+                                 block_cols: int) -> Tensor:
+    return quant_gemm.blockquant_fp8_grouped_gemm(x, w_codes, w_scale, block_rows, block_cols)
 
 
 def _blockquant_fp4_gemm(x: Tensor, w_packed: Tensor, w_scale: Tensor, group: int) -> Tensor:
-    return blockquant.blockquant_fp4_gemm(x, w_packed, w_scale, group)
+    return quant_gemm.blockquant_fp4_gemm(x, w_packed, w_scale, group)
+
+
+def _fp4_static_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w13_scale: Tensor, w2: Tensor,
+                        w2_scale: Tensor, group: int, limit: float) -> Tensor:
+    return quant_gemm.fp4_static_experts(x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit)
+
+
+def _fp8_table_rows(codes: Tensor, scale: Tensor, rows: Tensor, group: int, dtype: torch.dtype) -> Tensor:
+    return quant_gemm.fp8_table_rows(codes, scale, rows, group, dtype)
 
 
 # name -> plain reference (what device mode traces when no NKI kernel is written for a name)
@@ -128,7 +147,10 @@ PLAIN = {
     "engram_gate": _engram_gate,
     "swiglu": _swiglu,
     "blockquant_fp8_gemm": _blockquant_fp8_gemm,
+    "blockquant_fp8_grouped_gemm": _blockquant_fp8_grouped_gemm,
     "blockquant_fp4_gemm": _blockquant_fp4_gemm,
+    "fp4_static_experts": _fp4_static_experts,
+    "fp8_table_rows": _fp8_table_rows,
 }
 
 _OPS: dict = {}

@@ -119,6 +119,13 @@ class NeuronPlatform(Platform):
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.ctx_buckets)}) must be "
                              f">= max_model_len ({max_len})")
 
+    def fp8_weight_codes(self, codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """trn2 reads the bytes as IEEE e4m3 (max 240): every code is halved (|v| <= 224) and its block
+        exponent raised by one, so the dequantized weight is unchanged (neuron_ops/fp8.py). Host mode
+        does the same, so it computes with the bytes a device would read."""
+        from deepinfer.neuron_ops.fp8 import rescale_weight_for_trn2
+        return rescale_weight_for_trn2(codes, scale)
+
     def kernel(self, name: str):
         from deepinfer.neuron_ops import kernels
         return kernels.kernel(name, on_device=not self.is_host_mode)

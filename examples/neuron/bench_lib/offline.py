@@ -28,6 +28,7 @@ class EngineArgs:
     enforce_eager: bool
     seed: int
     temperature: float
+    weight_format: str = "auto"
 
 
 class OfflineDriver:
@@ -44,7 +45,7 @@ class OfflineDriver:
         self.engine = LLMEngine(EngineConfig(
             model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-            enforce_eager=args.enforce_eager, seed=args.seed))
+            enforce_eager=args.enforce_eager, seed=args.seed, weight_format=args.weight_format))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()
@@ -73,7 +74,7 @@ class OfflineDriver:
         spec = strategy.buckets
         return {"name": p.name, "is_host_mode": bool(p.is_host_mode), "device": str(p.device),
                 "dist_backend": p.dist_backend, "compile_backend": getattr(p, "compile_backend", None),
-                "runner_strategy": strategy.name,
+                "runner_strategy": strategy.name, "weight_format": worker.weight_format,
                 "bucket_spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else None,
                 "block_size": worker.block_size, "num_kv_blocks": worker.num_kv_blocks,
                 "model_load_s": self.load_s, "torch_threads": torch.get_num_threads()}

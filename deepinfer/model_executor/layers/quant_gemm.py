@@ -1,0 +1,136 @@
+"""GEMMs on weights kept in their checkpoint formats (docs/model.md §2.1): the references of the
+named kernels `blockquant_fp8_gemm`, `blockquant_fp8_grouped_gemm`, `blockquant_fp4_gemm`,
+`fp4_routed_experts` / `fp4_static_experts` and `fp8_table_rows`.
+
+Arguments are what a device kernel reads: codes as uint8 bytes (e4m3 values, or e2m1 pairs with the
+low nibble first), ue8m0 scales as uint8 exponent bytes, block shapes as ints; no float8 dtype and no
+bitcast reaches a graph (docs/neuron.md §4 A11). Each reference dequantizes one tile at a time inside
+the call (a block of output rows, one expert) and accumulates in fp32, so no dense copy of a weight
+outlives the call. Outputs are in x's dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model_executor.layers import quant
+from deepinfer.model_executor.layers.moe import combine_weights, swiglu
+
+# Output rows dequantized per tile: bounds the transient dense tile to TILE_ROWS x K fp32 values.
+TILE_ROWS = 2048
+
+
+def _check_codes(name: str, codes: torch.Tensor) -> None:
+    if codes.dtype != torch.uint8:
+        raise ValueError(f"{name}: expected uint8 code bytes, got {codes.dtype}")
+
+
+def dequant_fp8_rows(codes: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int,
+                     row0: int, row1: int) -> torch.Tensor:
+    """fp32 rows [row0, row1) of a [N, K] e4m3 weight with a ue8m0 [ceil(N/br), ceil(K/bc)] grid."""
+    rows = codes[row0:row1].view(torch.float8_e4m3fn).to(torch.float32)
+    s = quant.ue8m0_to_float(scale[row0 // block_rows: -(-row1 // block_rows)])
+    s = s.repeat_interleave(block_rows, dim=0)[row0 % block_rows: row0 % block_rows + (row1 - row0)]
+    return rows * s.repeat_interleave(block_cols, dim=1)[:, : rows.shape[1]]
+
+
+def _row_tiles(n: int, block_rows: int):
+    step = max(block_rows, TILE_ROWS // block_rows * block_rows)
+    return [(r, min(n, r + step)) for r in range(0, n, step)]
+
+
+def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
+                        block_cols: int) -> torch.Tensor:
+    """y = x @ W^T. x: [M, K]; w_codes: uint8 e4m3 [N, K]; w_scale: uint8 ue8m0 [ceil(N/br), ceil(K/bc)]."""
+    _check_codes("blockquant_fp8_gemm w_codes", w_codes)
+    xf = x.float()
+    outs = [xf @ dequant_fp8_rows(w_codes, w_scale, block_rows, block_cols, r0, r1).t()
+            for r0, r1 in _row_tiles(w_codes.shape[0], block_rows)]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).to(x.dtype)
+
+
+def blockquant_fp8_grouped_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
+                                block_cols: int) -> torch.Tensor:
+    """Per-group GEMM of a weight whose rows are G equal groups: x: [T, G, K]; w_codes: uint8 [G * R, K];
+    y[t, g] = x[t, g] @ W[g * R:(g + 1) * R]^T -> [T, G, R] (the attention output's grouped low rank)."""
+    _check_codes("blockquant_fp8_grouped_gemm w_codes", w_codes)
+    groups, rows = x.shape[1], w_codes.shape[0] // x.shape[1]
+    xf = x.float()
+    outs = [torch.einsum("tk,rk->tr", xf[:, g],
+                         dequant_fp8_rows(w_codes, w_scale, block_rows, block_cols, g * rows, (g + 1) * rows))
+            for g in range(groups)]
+    return torch.stack(outs, dim=1).to(x.dtype)
+
+
+def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> torch.Tensor:
+    """y = x @ W^T. x: [M, K]; w_packed: uint8 e2m1 pairs [N, K/2]; w_scale: uint8 ue8m0 [N, K/group]."""
+    _check_codes("blockquant_fp4_gemm w_packed", w_packed)
+    xf = x.float()
+    outs = [xf @ quant.dequant_fp4(w_packed[r0:r1], w_scale[r0:r1], group).t()
+            for r0, r1 in _row_tiles(w_packed.shape[0], 1)]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).to(x.dtype)
+
+
+def _fp4_expert(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, e: int, group: int,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert e's dense [2I, D] and [D, I] weights in the compute dtype (one tile: one expert)."""
+    return (quant.dequant_fp4(w13[e], s13[e], group, out_dtype=dtype),
+            quant.dequant_fp4(w2[e], s2[e], group, out_dtype=dtype))
+
+
+def fp4_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                       w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, group: int,
+                       limit: float) -> torch.Tensor:
+    """Routed experts on packed fp4 weights, only the experts that got tokens (eager: the routing's
+    counts reach the host). x: [T, D]; w13: uint8 [E, 2I, D/2] (gate rows first); w2: uint8 [E, D, I/2];
+    scales uint8 ue8m0 [.., rows, cols / group]; idx / weights: [T, k]."""
+    _check_codes("fp4_routed_experts w13", w13)
+    t, dim = x.shape
+    out = torch.zeros(t, dim, dtype=torch.float32, device=x.device)
+    flat_e = idx.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=w13.shape[0]).tolist()
+    tok = order // idx.shape[1]
+    wts = weights.reshape(-1)[order]
+    inter = w2.shape[2] * 2
+    pos = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = tok[pos:pos + n]
+        g13, g2 = _fp4_expert(w13, w13_scale, w2, w2_scale, e, group, x.dtype)
+        gu = x[rows] @ g13.t()
+        y = swiglu(gu[:, :inter], gu[:, inter:], limit) @ g2.t()
+        out.index_add_(0, rows, y.float() * wts[pos:pos + n, None])
+        pos += n
+    return out.to(x.dtype)
+
+
+def fp4_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                       w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, group: int,
+                       limit: float) -> torch.Tensor:
+    """Fixed-shape form of `fp4_routed_experts` (padded steps, graphs): every expert runs on every row,
+    weighted by the [T, E] combine matrix, one expert dequantized at a time; no host sync, shapes
+    depend only on (T, k, E). Same rounding points as the routed form."""
+    _check_codes("fp4_static_experts w13", w13)
+    n_experts, inter = w13.shape[0], w2.shape[2] * 2
+    comb = combine_weights(idx, weights, n_experts)                   # [T, E]
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(n_experts):
+        g13, g2 = _fp4_expert(w13, w13_scale, w2, w2_scale, e, group, x.dtype)
+        gu = x @ g13.t()
+        y = swiglu(gu[:, :inter], gu[:, inter:], limit) @ g2.t()
+        out = out + comb[:, e:e + 1] * y.float()
+    return out.to(x.dtype)
+
+
+def fp8_table_rows(codes: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor, group: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """Gathered rows of an e4m3 table with one ue8m0 scale per `group` values of a row (the Engram
+    table): codes uint8 [R, d], scale uint8 [R, d / group], rows int [T, K] (-1 = no lookup -> zeros)
+    -> [T, K * d] in `dtype`. Only the gathered rows are dequantized; the gather reads bytes."""
+    _check_codes("fp8_table_rows codes", codes)
+    safe = rows.clamp(min=0)
+    v = codes[safe].view(torch.float8_e4m3fn).to(torch.float32)            # [T, K, d]
+    s = quant.ue8m0_to_float(scale[safe]).repeat_interleave(group, dim=-1)  # [T, K, d]
+    e = (v * s).masked_fill((rows < 0)[..., None], 0)
+    return e.reshape(rows.shape[0], -1).to(dtype)
