@@ -129,7 +129,8 @@ class CompletionRequest(_SamplingFields):
 
     def check(self) -> None:
         self.check_common()
-        if self.best_of is not None:
+        # best_of 1 is OpenAI's default: clients send it with any n, so it means "not set".
+        if self.best_of is not None and self.best_of != 1:
             if not self.n <= self.best_of <= MAX_N:
                 raise bad_request(f"best_of must be in [n ({self.n}), {MAX_N}], got {self.best_of}",
                                   "best_of")
