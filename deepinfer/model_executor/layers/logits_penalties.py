@@ -9,9 +9,10 @@ In the order vLLM applies them (the grammar mask first, then logit bias, then th
   4. frequency_penalty f: x -= f * (times the token was generated);
   5. presence_penalty q: x -= q * (1 if the token was generated).
 
-The token histories arrive as flat (row, token id) pairs built on the host; counts are scattered
-on the device with accumulate=True, so nothing here reads device data back (no host syncs) and a
-row's result depends only on its own history and parameters.
+The token histories arrive as flat (row, token id) pairs built on the host, and the penalties
+touch only those entries (gather / scatter, accumulate=True for counts): the cost follows the
+history length, not rows x vocab. Nothing here reads device data back (no host syncs), and a row's
+result depends only on its own history and parameters.
 """
 
 from __future__ import annotations
@@ -45,23 +46,19 @@ def apply_logit_bias(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, bia
     x.index_put_((rows, ids), bias.to(x.dtype), accumulate=True)
 
 
-def token_counts(num_rows: int, vocab: int, rows: torch.Tensor, ids: torch.Tensor,
-                 device: torch.device) -> torch.Tensor:
-    """[num_rows, vocab] fp32: how often each id occurs among the (rows[j], ids[j]) pairs."""
-    counts = torch.zeros(num_rows, vocab, dtype=torch.float32, device=device)
-    counts.index_put_((rows, ids), torch.ones(rows.shape[0], dtype=torch.float32, device=device),
-                      accumulate=True)
-    return counts
+def apply_repetition_penalty(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
+                             penalty: torch.Tensor) -> None:
+    """In place, at each (rows[j], ids[j]) (unique pairs: the prompt and output ids of a row):
+    x / p where x > 0, else x * p, with p = penalty[rows[j]]."""
+    vals = x[rows, ids]
+    p = penalty.index_select(0, rows)
+    x[rows, ids] = torch.where(vals > 0, vals / p, vals * p)
 
 
-def apply_repetition_penalty(x: torch.Tensor, penalty: torch.Tensor, seen: torch.Tensor) -> None:
-    """In place: tokens with seen > 0 get x / p where x > 0, else x * p (penalty [N], seen [N, V])."""
-    p = penalty.unsqueeze(1)
-    penalised = torch.where(x > 0, x / p, x * p)
-    x.copy_(torch.where(seen > 0, penalised, x))
-
-
-def apply_frequency_presence(x: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
-                             counts: torch.Tensor) -> None:
-    """In place: x -= frequency * counts + presence * (counts > 0) (OpenAI's formula)."""
-    x.sub_(frequency.unsqueeze(1) * counts + presence.unsqueeze(1) * (counts > 0).to(x.dtype))
+def apply_frequency_presence(x: torch.Tensor, out_rows: torch.Tensor, out_ids: torch.Tensor,
+                             uniq_rows: torch.Tensor, uniq_ids: torch.Tensor,
+                             frequency: torch.Tensor, presence: torch.Tensor) -> None:
+    """In place: x -= frequency * count + presence * (count > 0) (OpenAI's formula). out_* has one
+    pair per generated token (so accumulating gives the count), uniq_* one per distinct token."""
+    x.index_put_((out_rows, out_ids), -frequency.index_select(0, out_rows), accumulate=True)
+    x.index_put_((uniq_rows, uniq_ids), -presence.index_select(0, uniq_rows), accumulate=True)

@@ -31,7 +31,7 @@ import torch
 
 from deepinfer.model_executor.layers.logits_filters import apply_min_p, apply_top_k, apply_top_p
 from deepinfer.model_executor.layers.logits_penalties import (
-    apply_bitmask, apply_frequency_presence, apply_logit_bias, apply_repetition_penalty, token_counts)
+    apply_bitmask, apply_frequency_presence, apply_logit_bias, apply_repetition_penalty)
 from deepinfer.model_executor.layers.sample_draw import (  # noqa: F401  (re-exported)
     MTP_SEED_OFFSET, sample_from_logprobs, sample_from_probs, sample_uniforms, verify_uniforms)
 from deepinfer.sampling_params import GREEDY_TEMPERATURE, SamplingParams
@@ -53,7 +53,7 @@ class SamplingBatch:
     banned_rows: torch.Tensor  # [B] int64, row of each banned id
     banned_ids: torch.Tensor  # [B] int64
     need_logprobs: bool
-    num_top_logprobs: int
+    num_top_logprobs: int  # k of top_ids/top_logprobs (the largest request), 0 = none
     # Step a (logits_penalties.py); empty tensors / None when no row uses them.
     bias_rows: torch.Tensor  # [K] int64
     bias_ids: torch.Tensor  # [K] int64
@@ -63,12 +63,12 @@ class SamplingBatch:
     repetition: torch.Tensor  # [N] f32, 1 = off
     output_rows: torch.Tensor  # [O] int64: one (row, id) pair per generated token of a row with
     output_ids: torch.Tensor  # [O] int64    presence / frequency penalty
-    seen_rows: torch.Tensor  # [S] int64: prompt + generated tokens of a row with
+    uniq_rows: torch.Tensor  # [U] int64: the distinct generated tokens of those rows
+    uniq_ids: torch.Tensor  # [U] int64    (presence counts each once)
+    seen_rows: torch.Tensor  # [S] int64: distinct prompt + generated tokens of a row with
     seen_ids: torch.Tensor  # [S] int64    repetition penalty
     bitmask_rows: torch.Tensor  # [M] int64, rows under a grammar
     bitmask: torch.Tensor | None  # [M, W] int32, their allowed-token words
-    any_penalty: bool
-    any_repetition: bool  # k of top_ids/top_logprobs (the largest request), 0 = none
     any_top_p: bool
     any_top_k: bool
     any_min_p: bool
@@ -80,8 +80,8 @@ class SamplingBatch:
     @property
     def any_adjust(self) -> bool:
         """Step a changes some row."""
-        return (self.bitmask is not None or self.bias_ids.numel() > 0 or self.any_penalty
-                or self.any_repetition)
+        return (self.bitmask is not None or self.bias_ids.numel() > 0 or self.output_ids.numel() > 0
+                or self.seen_ids.numel() > 0)
 
     @property
     def any_filter(self) -> bool:
@@ -141,7 +141,7 @@ class SamplingBatch:
                     raise ValueError(f"banned token ids must be >= 0 (got {t} in row {i})")
                 b_rows.append(i)
                 b_ids.append(int(t))
-        k_rows, k_ids, k_vals, o_rows, o_ids, s_rows, s_ids = [], [], [], [], [], [], []
+        k_rows, k_ids, k_vals, o_rows, o_ids, u_rows, u_ids, s_rows, s_ids = [], [], [], [], [], [], [], [], []
         for i, p in enumerate(params_list):
             for t, b in (p.logit_bias or {}).items():
                 k_rows.append(i)
@@ -153,8 +153,12 @@ class SamplingBatch:
             if p.penalises_output:
                 o_rows += [i] * len(outputs)
                 o_ids += outputs
+                distinct = list(dict.fromkeys(outputs))
+                u_rows += [i] * len(distinct)
+                u_ids += distinct
             if p.penalises_repetition:
-                seen = (list(prompt_ids_per_row[i]) if prompt_ids_per_row is not None else []) + outputs
+                prompt = list(prompt_ids_per_row[i]) if prompt_ids_per_row is not None else []
+                seen = list(dict.fromkeys(prompt + outputs))
                 s_rows += [i] * len(seen)
                 s_ids += seen
         masks = [(i, m) for i, m in enumerate(bitmask_per_row or []) if m is not None]
@@ -188,13 +192,13 @@ class SamplingBatch:
                                     dtype=torch.float32, device=device),
             output_rows=torch.tensor(o_rows, **as_long),
             output_ids=torch.tensor(o_ids, **as_long),
+            uniq_rows=torch.tensor(u_rows, **as_long),
+            uniq_ids=torch.tensor(u_ids, **as_long),
             seen_rows=torch.tensor(s_rows, **as_long),
             seen_ids=torch.tensor(s_ids, **as_long),
             bitmask_rows=torch.tensor([i for i, _ in masks], **as_long),
             bitmask=(torch.stack([m.to(torch.int32).reshape(-1) for _, m in masks]).to(device)
                      if masks else None),
-            any_penalty=any(p.penalises_output for p in params_list),
-            any_repetition=any(p.penalises_repetition for p in params_list),
         )
 
 
@@ -227,17 +231,15 @@ class Sampler:
         if not batch.any_adjust:
             return logits
         x = logits.float().clone()
-        n, vocab = x.shape
         if batch.bitmask is not None:
             apply_bitmask(x, batch.bitmask_rows, batch.bitmask)
         if batch.bias_ids.numel():
             apply_logit_bias(x, batch.bias_rows, batch.bias_ids, batch.bias_values)
-        if batch.any_repetition:
-            seen = token_counts(n, vocab, batch.seen_rows, batch.seen_ids, x.device)
-            apply_repetition_penalty(x, batch.repetition, seen)
-        if batch.any_penalty:
-            counts = token_counts(n, vocab, batch.output_rows, batch.output_ids, x.device)
-            apply_frequency_presence(x, batch.frequency, batch.presence, counts)
+        if batch.seen_ids.numel():
+            apply_repetition_penalty(x, batch.seen_rows, batch.seen_ids, batch.repetition)
+        if batch.output_ids.numel():
+            apply_frequency_presence(x, batch.output_rows, batch.output_ids, batch.uniq_rows,
+                                     batch.uniq_ids, batch.frequency, batch.presence)
         return x
 
     def processed_logits(self, logits: torch.Tensor, batch: SamplingBatch,
