@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63  # exclusive; vLLM bounds seeds to the int64 range
+MAX_PENALTY = 2.0  # presence / frequency: OpenAI documents [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # OpenAI: each bias in [-100, 100]
 
 
 class SamplingParamsError(ValueError):
@@ -32,6 +34,48 @@ def _fail(name: str, rule: str, value: object) -> None:
     raise SamplingParamsError(name, f"{name} must be {rule} (got {value!r})", value)
 
 
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """One output constraint (vLLM's StructuredOutputsParams names); exactly one field is set.
+
+    json: a JSON schema (dict or its JSON text); regex: a regular expression; choice: the output is
+    exactly one of these strings; grammar: an EBNF grammar (xgrammar's GBNF dialect); json_object:
+    any JSON object. Compiled against the model's vocabulary when the request is added.
+    """
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        param = "structured_outputs"
+        set_kinds = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(set_kinds) != 1:
+            raise SamplingParamsError(
+                param, f"structured_outputs needs exactly one of {', '.join(STRUCTURED_KINDS)} "
+                       f"(got {set_kinds or 'none'})", set_kinds)
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            _fail(f"{param}.json", "a JSON schema (object or string)", self.json)
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                _fail(f"{param}.{name}", "a non-empty string", value)
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            _fail(f"{param}.choice", "a non-empty list of non-empty strings", self.choice)
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            _fail(f"{param}.json_object", "a bool", self.json_object)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request sampling settings (vLLM names). temperature 0 means greedy."""
@@ -50,6 +94,13 @@ class SamplingParams:
     logprobs: int | None = None  # top-N per output token, 0..20; 0 = only the sampled token
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Penalties (vLLM semantics, applied before temperature): presence / frequency count the
+    # generated tokens only (OpenAI), repetition the prompt and the generated tokens.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    structured_outputs: StructuredOutputsParams | None = None
     # Normalised copy of `stop`, always a list (filled in __post_init__).
     stop_strings: list[str] = field(default_factory=list, init=False, repr=False)
 
@@ -77,6 +128,17 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, "a bool", getattr(self, name))
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                _fail(name, f"in [-{MAX_PENALTY}, {MAX_PENALTY}]", value)
+        if (not _is_real(self.repetition_penalty) or not math.isfinite(self.repetition_penalty)
+                or self.repetition_penalty <= 0):
+            _fail("repetition_penalty", "a finite number > 0", self.repetition_penalty)
+        self.logit_bias = self._normalise_logit_bias(self.logit_bias)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                  StructuredOutputsParams):
+            _fail("structured_outputs", "None or a StructuredOutputsParams", self.structured_outputs)
         self.stop_strings = self._normalise_stop(self.stop)
         if self.stop_token_ids is None:
             self.stop_token_ids = []
@@ -97,6 +159,31 @@ class SamplingParams:
         if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
             _fail("stop", "None, a non-empty string or a list of non-empty strings", stop)
         return list(items)
+
+    @staticmethod
+    def _normalise_logit_bias(bias) -> dict[int, float] | None:
+        if bias is None:
+            return None
+        if not isinstance(bias, dict):
+            _fail("logit_bias", "None or a dict of token id -> bias", bias)
+        out = {}
+        for tid, b in bias.items():
+            if not _is_int(tid) or tid < 0:
+                _fail("logit_bias", "keyed by token ids (integers >= 0)", tid)
+            if not _is_real(b) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+                _fail("logit_bias", f"valued in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", b)
+            out[int(tid)] = float(b)
+        return out or None
+
+    @property
+    def penalises_output(self) -> bool:
+        """Presence or frequency penalty set: the sampler needs the generated token counts."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def penalises_repetition(self) -> bool:
+        """Repetition penalty set: the sampler needs the prompt and generated token ids."""
+        return self.repetition_penalty != 1.0
 
     @property
     def is_greedy(self) -> bool:

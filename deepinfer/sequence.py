@@ -89,6 +89,8 @@ class Sequence:
     num_preemptions: int = 0
     # deepinfer.tokenizer.OutputDetokenizer (detokenization + stop strings); None: no tokenizer.
     detokenizer: Any = None
+    # deepinfer.structured_output.GrammarState of a structured-output request; None otherwise.
+    grammar: Any = None
     # Released output text: stop strings cut out, a possible partial stop string held back until
     # the sequence finishes, so streamed deltas never have to be taken back.
     output_text: str = ""

@@ -11,12 +11,15 @@ id can be output number min_tokens + 1 at the earliest, while a stop string may 
 completed by output number min_tokens. Every EOS / stop id the sampler can produce therefore
 ends the request.
 
+A grammar (structured outputs) ends a request here too: see apply_stop_rules.
+
 Nothing else in the engine or the server decides that a request stops or trims its text.
 """
 
 from __future__ import annotations
 
 from deepinfer.sequence import Sequence, SequenceStatus
+from deepinfer.structured_output import GRAMMAR_DEAD_END
 
 
 def _min_tokens(params) -> int:
@@ -47,6 +50,8 @@ def apply_stop_rules(seq: Sequence, eos_token_ids, max_model_len: int) -> None:
     token_id = seq.output_token_ids[-1]
     num_out = seq.num_output_tokens
     may_stop = num_out >= _min_tokens(p)
+    grammar = getattr(seq, "grammar", None)
+    grammar_end = grammar.advance(token_id) if grammar is not None else None
     # Every token goes through the detokenizer (EOS included), so the text stays a true decode and
     # a stop string spanning several tokens is found on the token that completes it.
     stop_str = seq.detokenize_last(check_stop_strings=may_stop)
@@ -60,6 +65,13 @@ def apply_stop_rules(seq: Sequence, eos_token_ids, max_model_len: int) -> None:
         if stop_str is not None:
             seq.finish(SequenceStatus.FINISHED_STOPPED, stop_str)
             return
+    if grammar_end is not None:
+        seq.finish(SequenceStatus.FINISHED_STOPPED, grammar_end)
+        return
     max_tokens = getattr(p, "max_tokens", None)
     if (max_tokens is not None and num_out >= max_tokens) or len(seq) >= max_model_len:
         seq.finish(SequenceStatus.FINISHED_LENGTH)
+        return
+    if grammar is not None and not grammar.refresh(banned_token_ids(seq, eos_token_ids)):
+        # Nothing the grammar allows may be sampled next (e.g. only EOS, banned by min_tokens).
+        seq.finish(SequenceStatus.FINISHED_STOPPED, GRAMMAR_DEAD_END)

@@ -31,18 +31,39 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     if isinstance(req.prompt, str) or (isinstance(req.prompt, list) and any(isinstance(p, str) for p in req.prompt)):
         state.require_tokenizer("a text prompt", "prompt")
     prompts = await asyncio.to_thread(_engine_prompts, req.prompt, state.tokenizer, state.vocab_size)
-    if len(prompts) * req.n > MAX_CHOICES:
-        raise bad_request(f"{len(prompts)} prompts x n={req.n} exceeds {MAX_CHOICES} choices", "n")
+    if len(prompts) * req.num_sequences > MAX_CHOICES:
+        param = "best_of" if req.num_sequences > req.n else "n"
+        raise bad_request(f"{len(prompts)} prompts x {param}={req.num_sequences} exceeds {MAX_CHOICES} "
+                          f"choices", param)
     max_model_len = state.max_model_len
     max_tokens = [check_length(len(p.token_ids), req.max_tokens, max_model_len) for p in prompts]
     ctx = _Context(req, state, prompts, new_id("cmpl"))
     if req.max_tokens == 0:  # echo only (check() allows 0 just with echo)
         return _echo_only(ctx)
-    params = [req.sampling_params(m, req.logprobs) for m in max_tokens]
+    params = [req.sampling_params(m, _engine_logprobs(req), n=req.num_sequences) for m in max_tokens]
     state.check_capacity(len(prompts))
     gen = Generation(state.engine_loop, ctx.id, prompts, params)
     return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
                          lambda finals: _full_response(ctx, finals))
+
+
+def _engine_logprobs(req: CompletionRequest) -> int | None:
+    # best_of ranks by cumulative logprob, so the engine must report the sampled tokens' logprobs
+    # even when the client did not ask for them (they are then left out of the response).
+    if req.logprobs is None and req.num_sequences > req.n:
+        return 0
+    return req.logprobs
+
+
+def best_completions(outputs, n: int) -> list:
+    """The n completions with the highest cumulative logprob (ties: lower index), re-indexed 0..n-1
+    in that order; all of them, as they are, when there are only n."""
+    if len(outputs) <= n:
+        return sorted(outputs, key=lambda c: c.index)
+    ranked = sorted(outputs, key=lambda c: (-(c.cumulative_logprob or 0.0), c.index))[:n]
+    for i, c in enumerate(ranked):
+        c.index = i
+    return ranked
 
 
 def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
@@ -140,8 +161,9 @@ def _full_response(ctx: _Context, finals: list) -> dict:
     tokenizer = ctx.state.tokenizer
     for p_index, out in enumerate(finals):
         echo = ctx.echo_text(p_index)
-        for c in sorted(out.outputs, key=lambda c: c.index):
-            completion_tokens += len(c.token_ids)
+        # Usage counts every generated token, the best_of - n completions left out included.
+        completion_tokens += sum(len(c.token_ids) for c in out.outputs)
+        for c in best_completions(out.outputs, ctx.req.n):
             logprobs = None
             if ctx.req.logprobs is not None:
                 logprobs = completion_logprobs(c.logprobs or [], tokenizer, len(echo))

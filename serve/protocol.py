@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deepinfer.sampling_params import SamplingParams, SamplingParamsError
 from serve.errors import APIError, bad_request, not_implemented
+from serve.structured_fields import structured_outputs_params
 
 logger = logging.getLogger("serve")
 
@@ -51,7 +52,9 @@ class _SamplingFields(_Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI: token id (as a string) -> bias
+    response_format: dict | None = None
+    structured_outputs: dict | None = None  # vLLM's object; guided_* extras are read too
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -65,21 +68,32 @@ class _SamplingFields(_Body):
             raise bad_request(f"stop must have at most {MAX_STOP} strings, got {len(self.stop)}", "stop")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if value is not None and value != 0:
-                raise not_implemented(f"{name} is not supported (only 0)", name)
-        if self.repetition_penalty is not None and self.repetition_penalty != 1.0:
-            raise not_implemented("repetition_penalty is not supported (only 1.0)", "repetition_penalty")
-        if self.logit_bias:
-            raise not_implemented("logit_bias is not supported", "logit_bias")
+        self.logit_bias_ids()
+        self.structured_outputs_params()
         if self.model_extra:
             logger.debug("ignored request fields: %s", sorted(self.model_extra))
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """logit_bias keyed by int token ids; a key that is not a token id is a 400."""
+        if not self.logit_bias:
+            return None
+        out = {}
+        for key, bias in self.logit_bias.items():
+            try:
+                tid = int(key)
+            except ValueError:
+                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+            out[tid] = bias
+        return out
+
+    def structured_outputs_params(self):
+        return structured_outputs_params(self.response_format, self.structured_outputs, self.model_extra)
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, n: int | None = None) -> SamplingParams:
+        """n: the number of sequences the engine generates (best_of), default the request's n."""
         try:
             return SamplingParams(
-                n=self.n,
+                n=self.n if n is None else n,
                 temperature=1.0 if self.temperature is None else self.temperature,
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=-1 if self.top_k is None else self.top_k,
@@ -87,9 +101,18 @@ class _SamplingFields(_Body):
                 seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens,
                 stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                 logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-                include_stop_str_in_output=self.include_stop_str_in_output)
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                presence_penalty=0.0 if self.presence_penalty is None else self.presence_penalty,
+                frequency_penalty=0.0 if self.frequency_penalty is None else self.frequency_penalty,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                logit_bias=self.logit_bias_ids(), structured_outputs=self.structured_outputs_params())
         except SamplingParamsError as e:
             raise bad_request(str(e), e.param) from None
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences generated per prompt: best_of when set (completions), else n."""
+        return max(self.n, getattr(self, "best_of", None) or self.n)
 
     @property
     def include_usage(self) -> bool:
@@ -106,10 +129,14 @@ class CompletionRequest(_SamplingFields):
 
     def check(self) -> None:
         self.check_common()
+        # best_of 1 is OpenAI's default: clients send it with any n, so it means "not set".
         if self.best_of is not None and self.best_of != 1:
-            if self.best_of < self.n:
-                raise bad_request(f"best_of must be >= n ({self.n}), got {self.best_of}", "best_of")
-            raise not_implemented("best_of > 1 is not supported", "best_of")
+            if not self.n <= self.best_of <= MAX_N:
+                raise bad_request(f"best_of must be in [n ({self.n}), {MAX_N}], got {self.best_of}",
+                                  "best_of")
+            if self.stream and self.best_of > self.n:
+                raise bad_request("best_of > n cannot be streamed (the best are known only at the end)",
+                                  "best_of")
         if self.suffix:
             raise not_implemented("suffix is not supported", "suffix")
         if self.echo and self.logprobs is not None:
@@ -142,7 +169,6 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
     chat_template_kwargs: dict | None = None  # {"thinking": bool}: DeepSeek V4 thinking mode
 
     def check(self) -> None:
@@ -151,8 +177,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise bad_request("messages must contain at least one message", "messages")
         if self.tools:
             raise not_implemented("tools are not supported", "tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise not_implemented("response_format other than text is not supported", "response_format")
         for limit in ("max_tokens", "max_completion_tokens"):
             value = getattr(self, limit)
             if value is not None and value < 1:

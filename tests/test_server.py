@@ -200,6 +200,50 @@ def test_chat_uses_deepseek_template(client, llm):
 
 
 # ---- concurrency --------------------------------------------------------------------------------
+PENALTIES = dict(logit_bias={"4911": 12.0}, frequency_penalty=1.5, presence_penalty=0.5)
+JSON_SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+                                                "ok": {"type": "boolean"}},
+               "required": ["answer", "ok"], "additionalProperties": False}
+
+
+def test_openai_client_penalties_logit_bias_n_and_best_of(client, llm):
+    prompt = "Once upon a time"
+    offline = llm.generate([prompt], greedy(6, logit_bias={4911: 12.0}, frequency_penalty=1.5,
+                                            presence_penalty=0.5, repetition_penalty=1.1),
+                           use_tqdm=False)[0].outputs[0]
+    ref = llm.generate([prompt], SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=4, logprobs=0),
+                       use_tqdm=False)[0].outputs
+    best = sorted(ref, key=lambda c: (-c.cumulative_logprob, c.index))[:2]
+    penalised = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0,
+                                          extra_body={"repetition_penalty": 1.1}, **PENALTIES)
+    best_of = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=1.0,
+                                        seed=5, n=2, best_of=3)
+    assert penalised.choices[0].text == offline.text
+    assert 4911 in offline.token_ids  # the bias made the token appear...
+    assert offline.token_ids.count(4911) < 6  # ...and the frequency penalty made it stop repeating
+    assert [c.text for c in best_of.choices] == [c.text for c in best]
+    assert [c.index for c in best_of.choices] == [0, 1] and best_of.choices[0].logprobs is None
+    assert best_of.usage.completion_tokens == sum(len(c.token_ids) for c in ref)
+
+
+def test_openai_client_response_format_json_schema(client):
+    rf = {"type": "json_schema", "json_schema": {"name": "reply", "schema": JSON_SCHEMA}}
+    chat, completion = in_parallel(
+        lambda: client.chat.completions.create(model=MODEL_NAME, max_tokens=40, temperature=0,
+                                               messages=[{"role": "user", "content": "JSON please"}],
+                                               response_format=rf),
+        lambda: client.completions.create(model=MODEL_NAME, prompt="JSON:", max_tokens=40, temperature=0.8,
+                                          seed=2, extra_body={"response_format": {"type": "json_object"}}))
+    value = json.loads(chat.choices[0].message.content)
+    assert chat.choices[0].finish_reason == "stop"
+    assert set(value) == {"answer", "ok"} and value["answer"] in ("yes", "no")
+    assert isinstance(value["ok"], bool)
+    if completion.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(completion.choices[0].text), dict)
+    else:  # an object the random model did not close in 40 tokens: still an object's prefix
+        assert completion.choices[0].text.startswith("{")
+
+
 async def _stream_completion(base: str, body: dict) -> tuple[list[dict], bool]:
     async with httpx.AsyncClient(timeout=300) as c:
         async with c.stream("POST", base + "/v1/completions", json=body,
@@ -366,8 +410,26 @@ BAD_REQUESTS = [
     ("missing API key", C, OK, NO_KEY, 401, None),
     ("wrong API key", C, OK, BAD_KEY, 401, None),
     ("body over the size limit", C, {**OK, "prompt": "x" * (2 << 20)}, None, 413, None),
-    ("best_of above 1", C, {**OK, "best_of": 3}, None, 501, "best_of"),
-    ("nonzero presence_penalty", C, {**OK, "presence_penalty": 0.5}, None, 501, "presence_penalty"),
+    ("best_of below n", C, {**OK, "n": 3, "best_of": 2}, None, 400, "best_of"),
+    ("best_of streamed", C, {**OK, "n": 1, "best_of": 2, "stream": True}, None, 400, "best_of"),
+    ("frequency_penalty above 2", C, {**OK, "frequency_penalty": 3}, None, 400, "frequency_penalty"),
+    ("presence_penalty below -2", C, {**OK, "presence_penalty": -2.5}, None, 400, "presence_penalty"),
+    ("repetition_penalty zero", C, {**OK, "repetition_penalty": 0}, None, 400, "repetition_penalty"),
+    ("logit_bias key not a token id", C, {**OK, "logit_bias": {"abc": 1}}, None, 400, "logit_bias"),
+    ("logit_bias id out of vocabulary", C, {**OK, "logit_bias": {"99999999": 1}}, None, 400,
+     "logit_bias"),
+    ("logit_bias above 100", C, {**OK, "logit_bias": {"5": 150}}, None, 400, "logit_bias"),
+    ("invalid json schema", C, {**OK, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nonsense"}}}}, None, 400, "structured_outputs.json"),
+    ("invalid regex", C, {**OK, "structured_outputs": {"regex": "(ab"}}, None, 400,
+     "structured_outputs.regex"),
+    ("two structured constraints", C, {**OK, "guided_choice": ["a"], "structured_outputs": {
+        "regex": "a"}}, None, 400, None),
+    ("unknown response_format type", C, {**OK, "response_format": {"type": "yaml"}}, None, 400,
+     "response_format"),
+    ("chat: invalid json schema", CHAT, {"messages": USER_MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}}, None, 400,
+     "structured_outputs.json"),
     ("unknown fields are ignored", C, {**OK, "frobnicate": {"x": 1}, "user": "u1"}, None, 200, None),
     ("chat: messages missing", CHAT, {"model": MODEL_NAME}, None, 400, "messages"),
     ("chat: messages empty", CHAT, {"messages": []}, None, 400, "messages"),

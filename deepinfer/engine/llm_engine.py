@@ -14,7 +14,7 @@ from deepinfer.engine.block_manager import BlockManager
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine_config import EngineConfig
 from deepinfer.outputs import CompletionOutput, ListPrefix, RequestMetrics, RequestOutput
-from deepinfer.sampling_params import SamplingParams
+from deepinfer.sampling_params import SamplingParams, SamplingParamsError
 from deepinfer.sequence import Sequence, effective_seed
 
 
@@ -116,6 +116,7 @@ class LLMEngine:
         self._num_finished_requests = 0
         self.last_step_timing: StepTiming | None = None
         self.timing_hook: Callable[[StepTiming], None] | None = None
+        self._grammar_compiler = None  # structured_output.GrammarCompiler, built on first use
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, sampling_params=None,
@@ -135,6 +136,8 @@ class LLMEngine:
                              "use stop_token_ids instead")
         prompt_text, token_ids = self._tokenize(prompt, sampling_params)
         self._validate_prompt(token_ids)
+        self._validate_logit_bias(sampling_params)
+        compiled = self._compile_grammar(sampling_params)
 
         arrival = time.time() if arrival_time is None else arrival_time
         n = int(getattr(sampling_params, "n", 1) or 1)
@@ -150,6 +153,8 @@ class LLMEngine:
             if getattr(sampling_params, "logprobs", None) is not None:
                 seq.logprobs = []
             seq.detokenizer = self._make_detokenizer(token_ids, sampling_params)
+            if compiled is not None:
+                seq.grammar = self._grammar_compiler.new_state(compiled)
             seqs.append(seq)
         self.requests[request_id] = _Request(request_id, prompt_text, list(token_ids),
                                              sampling_params, seqs, arrival)
@@ -197,6 +202,24 @@ class LLMEngine:
                 f"prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: the prompt "
                 f"must be shorter than max_model_len (at most {max_len - 1} tokens) to leave room "
                 f"for one generated token")
+
+    def _validate_logit_bias(self, sampling_params) -> None:
+        for t in sampling_params.logit_bias or {}:
+            if t >= self.vocab_size:
+                raise SamplingParamsError(
+                    "logit_bias", f"logit_bias token id {t} is out of vocabulary: token ids must be "
+                                  f"in [0, {self.vocab_size})", t)
+
+    def _compile_grammar(self, sampling_params):
+        """The compiled grammar of a structured-output request (None otherwise); the compiler is
+        built on first use (it indexes the whole vocabulary once)."""
+        if sampling_params.structured_outputs is None:
+            return None
+        if self._grammar_compiler is None:
+            from deepinfer.structured_output import GrammarCompiler
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size,
+                                                     list(self.model_config.eos_token_ids or ()))
+        return self._grammar_compiler.compile(sampling_params.structured_outputs)
 
     def _make_detokenizer(self, prompt_token_ids, sampling_params):
         if self.tokenizer is None:

@@ -15,6 +15,7 @@ num_new > 1 and num_logits > 1, and brings one SampleRequest per logits row.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,10 @@ class SampleRequest:
     position: int                    # position of the token being produced (keys seeded draws)
     seed: int | None = None          # None: params.seed, else a random one
     banned_ids: tuple[int, ...] = ()  # ids this row may not produce (stop_rules.banned_token_ids)
+    # Token history, read only when params set a penalty (the worker passes the live lists).
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    bitmask: torch.Tensor | None = None  # int32 [W] allowed-token words under a grammar
 
 
 @dataclass
@@ -77,7 +82,10 @@ class ModelRunner:
             raise ValueError(f"{logits.shape[0]} logits rows but {len(samples)} sample requests")
         batch = SamplingBatch.build([s.params for s in samples], [s.position for s in samples],
                                     seeds=[s.seed for s in samples],
-                                    banned_ids_per_row=[s.banned_ids for s in samples], device=logits.device)
+                                    banned_ids_per_row=[s.banned_ids for s in samples], device=logits.device,
+                                    output_ids_per_row=[s.output_token_ids for s in samples],
+                                    prompt_ids_per_row=[s.prompt_token_ids for s in samples],
+                                    bitmask_per_row=[s.bitmask for s in samples])
         return self.sampler.forward(logits, batch)
 
     @torch.inference_mode()

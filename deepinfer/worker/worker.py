@@ -112,11 +112,18 @@ class Worker:
     def cache(self):
         return self.runner.cache
 
+    def _sample_request(self, seq) -> SampleRequest:
+        # The live token lists (the sampler reads them only for penalised rows) and the
+        # grammar's bitmask for the next token (structured_output.py).
+        return SampleRequest(seq.sampling_params, len(seq.token_ids), seq.seed,
+                             tuple(banned_token_ids(seq, self.eos_ids)),
+                             prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
+                             bitmask=seq.grammar.bitmask if seq.grammar is not None else None)
+
     def execute(self, scheduled) -> SamplerOutput:
         """One engine step: the scheduled rows as chunks, each sampling row's request, through the runner."""
         chunks = [SeqChunk(slot=s.seq.state_slot, ctx_len=s.seq.num_computed_tokens, num_new=s.num_new_tokens,
                            block_table=s.seq.block_table, token_ids=s.seq.token_ids,
                            num_logits=1 if s.do_sample else 0) for s in scheduled]
-        samples = [SampleRequest(s.seq.sampling_params, len(s.seq.token_ids), s.seq.seed,
-                                 tuple(banned_token_ids(s.seq, self.eos_ids))) for s in scheduled if s.do_sample]
+        samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
         return self.runner.run(chunks, samples).sampled

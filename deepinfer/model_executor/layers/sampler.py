@@ -1,6 +1,9 @@
 """Batched sampler over fp32 logits [N, V], following docs/model.md §6.
 
 Per row, in order (all fp32):
+  a. on the raw logits, in vLLM's order (logits_penalties.py): the grammar bitmask of a
+     structured-output row, logit_bias, repetition_penalty, frequency_penalty, presence_penalty.
+     Greedy rows take the argmax of this adjusted row;
   0. banned token ids -> -inf (min_tokens: EOS and stop_token_ids until enough tokens exist);
   1. logits * (1/T), the fp32 reciprocal of the fp32 temperature (DI multiplies by the
      reciprocal); greedy rows use T = 1e-5 with top-p/top-k off;
@@ -27,6 +30,8 @@ from typing import Sequence
 import torch
 
 from deepinfer.model_executor.layers.logits_filters import apply_min_p, apply_top_k, apply_top_p
+from deepinfer.model_executor.layers.logits_penalties import (
+    apply_bitmask, apply_frequency_presence, apply_logit_bias, apply_repetition_penalty)
 from deepinfer.model_executor.layers.sample_draw import (  # noqa: F401  (re-exported)
     MTP_SEED_OFFSET, sample_from_logprobs, sample_from_probs, sample_uniforms, verify_uniforms)
 from deepinfer.sampling_params import GREEDY_TEMPERATURE, SamplingParams
@@ -49,6 +54,21 @@ class SamplingBatch:
     banned_ids: torch.Tensor  # [B] int64
     need_logprobs: bool
     num_top_logprobs: int  # k of top_ids/top_logprobs (the largest request), 0 = none
+    # Step a (logits_penalties.py); empty tensors / None when no row uses them.
+    bias_rows: torch.Tensor  # [K] int64
+    bias_ids: torch.Tensor  # [K] int64
+    bias_values: torch.Tensor  # [K] f32
+    presence: torch.Tensor  # [N] f32, 0 = off
+    frequency: torch.Tensor  # [N] f32, 0 = off
+    repetition: torch.Tensor  # [N] f32, 1 = off
+    output_rows: torch.Tensor  # [O] int64: one (row, id) pair per generated token of a row with
+    output_ids: torch.Tensor  # [O] int64    presence / frequency penalty
+    uniq_rows: torch.Tensor  # [U] int64: the distinct generated tokens of those rows
+    uniq_ids: torch.Tensor  # [U] int64    (presence counts each once)
+    seen_rows: torch.Tensor  # [S] int64: distinct prompt + generated tokens of a row with
+    seen_ids: torch.Tensor  # [S] int64    repetition penalty
+    bitmask_rows: torch.Tensor  # [M] int64, rows under a grammar
+    bitmask: torch.Tensor | None  # [M, W] int32, their allowed-token words
     any_top_p: bool
     any_top_k: bool
     any_min_p: bool
@@ -56,6 +76,12 @@ class SamplingBatch:
     @property
     def num_rows(self) -> int:
         return self.temperatures.shape[0]
+
+    @property
+    def any_adjust(self) -> bool:
+        """Step a changes some row."""
+        return (self.bitmask is not None or self.bias_ids.numel() > 0 or self.output_ids.numel() > 0
+                or self.seen_ids.numel() > 0)
 
     @property
     def any_filter(self) -> bool:
@@ -71,6 +97,9 @@ class SamplingBatch:
         need_logprobs: bool | None = None,
         device: torch.device | str = "cpu",
         rng: random.Random | None = None,
+        output_ids_per_row: Sequence[Sequence[int]] | None = None,
+        prompt_ids_per_row: Sequence[Sequence[int]] | None = None,
+        bitmask_per_row: Sequence[torch.Tensor | None] | None = None,
     ) -> "SamplingBatch":
         """Row i samples with params_list[i] at position sample_positions[i] (the position of
         the token being produced).
@@ -81,10 +110,16 @@ class SamplingBatch:
         banned_ids_per_row: token ids that row i may not produce (min_tokens).
         need_logprobs: None -> only when some row asks for logprobs; True -> the sampled token's
         logprob (and rank) for every row.
+        output_ids_per_row / prompt_ids_per_row: row i's generated / prompt token ids, read only
+        for rows whose params set a presence, frequency or repetition penalty.
+        bitmask_per_row: row i's allowed-token words (int32 [W]) under a grammar, or None.
         """
         n = len(params_list)
         for name, seq in (("sample_positions", sample_positions), ("seeds", seeds),
-                          ("banned_ids_per_row", banned_ids_per_row)):
+                          ("banned_ids_per_row", banned_ids_per_row),
+                          ("output_ids_per_row", output_ids_per_row),
+                          ("prompt_ids_per_row", prompt_ids_per_row),
+                          ("bitmask_per_row", bitmask_per_row)):
             if seq is not None and len(seq) != n:
                 raise ValueError(f"{name} must have one entry per row ({n}), got {len(seq)}")
         if any(int(p) < 0 for p in sample_positions):
@@ -106,6 +141,27 @@ class SamplingBatch:
                     raise ValueError(f"banned token ids must be >= 0 (got {t} in row {i})")
                 b_rows.append(i)
                 b_ids.append(int(t))
+        k_rows, k_ids, k_vals, o_rows, o_ids, u_rows, u_ids, s_rows, s_ids = [], [], [], [], [], [], [], [], []
+        for i, p in enumerate(params_list):
+            for t, b in (p.logit_bias or {}).items():
+                k_rows.append(i)
+                k_ids.append(t)
+                k_vals.append(b)
+            if not (p.penalises_output or p.penalises_repetition):
+                continue
+            outputs = list(output_ids_per_row[i]) if output_ids_per_row is not None else []
+            if p.penalises_output:
+                o_rows += [i] * len(outputs)
+                o_ids += outputs
+                distinct = list(dict.fromkeys(outputs))
+                u_rows += [i] * len(distinct)
+                u_ids += distinct
+            if p.penalises_repetition:
+                prompt = list(prompt_ids_per_row[i]) if prompt_ids_per_row is not None else []
+                seen = list(dict.fromkeys(prompt + outputs))
+                s_rows += [i] * len(seen)
+                s_ids += seen
+        masks = [(i, m) for i, m in enumerate(bitmask_per_row or []) if m is not None]
         requested = [p.logprobs for p in params_list if p.logprobs is not None]
         if need_logprobs is None:
             need_logprobs = bool(requested)
@@ -125,6 +181,24 @@ class SamplingBatch:
             any_top_p=any(p < 1.0 for p in top_ps),
             any_top_k=any(k >= 1 for k in top_ks),
             any_min_p=any(m > 0.0 for m in min_ps),
+            bias_rows=torch.tensor(k_rows, **as_long),
+            bias_ids=torch.tensor(k_ids, **as_long),
+            bias_values=torch.tensor(k_vals, dtype=torch.float32, device=device),
+            presence=torch.tensor([float(p.presence_penalty) for p in params_list],
+                                  dtype=torch.float32, device=device),
+            frequency=torch.tensor([float(p.frequency_penalty) for p in params_list],
+                                   dtype=torch.float32, device=device),
+            repetition=torch.tensor([float(p.repetition_penalty) for p in params_list],
+                                    dtype=torch.float32, device=device),
+            output_rows=torch.tensor(o_rows, **as_long),
+            output_ids=torch.tensor(o_ids, **as_long),
+            uniq_rows=torch.tensor(u_rows, **as_long),
+            uniq_ids=torch.tensor(u_ids, **as_long),
+            seen_rows=torch.tensor(s_rows, **as_long),
+            seen_ids=torch.tensor(s_ids, **as_long),
+            bitmask_rows=torch.tensor([i for i, _ in masks], **as_long),
+            bitmask=(torch.stack([m.to(torch.int32).reshape(-1) for _, m in masks]).to(device)
+                     if masks else None),
         )
 
 
@@ -151,9 +225,30 @@ def _on_rows(x: torch.Tensor, values: torch.Tensor, active: torch.Tensor, fn, *e
 class Sampler:
     """Samples one token per row; the module docstring gives the exact transform."""
 
+    @staticmethod
+    def adjusted_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Step a: a new fp32 [N, V] tensor when some row needs it, else `logits` itself."""
+        if not batch.any_adjust:
+            return logits
+        x = logits.float().clone()
+        if batch.bitmask is not None:
+            apply_bitmask(x, batch.bitmask_rows, batch.bitmask)
+        if batch.bias_ids.numel():
+            apply_logit_bias(x, batch.bias_rows, batch.bias_ids, batch.bias_values)
+        if batch.seen_ids.numel():
+            apply_repetition_penalty(x, batch.seen_rows, batch.seen_ids, batch.repetition)
+        if batch.output_ids.numel():
+            apply_frequency_presence(x, batch.output_rows, batch.output_ids, batch.uniq_rows,
+                                     batch.uniq_ids, batch.frequency, batch.presence)
+        return x
+
     def processed_logits(self, logits: torch.Tensor, batch: SamplingBatch,
                          rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Steps 0-4 for `rows` (all when None): a new fp32 [R, V] tensor; `logits` is untouched."""
+        """Steps a-4 for `rows` (all when None): a new fp32 [R, V] tensor; `logits` is untouched."""
+        return self._processed_logits(self.adjusted_logits(logits, batch), batch, rows)
+
+    def _processed_logits(self, logits: torch.Tensor, batch: SamplingBatch,
+                          rows: torch.Tensor | None = None) -> torch.Tensor:
         inv_t = torch.reciprocal(batch.temperatures)
         if rows is None:
             x = logits.float() * inv_t.unsqueeze(1)
@@ -182,6 +277,10 @@ class Sampler:
         """log_softmax of the processed logits (§6.1 step 4) for `rows` (all when None)."""
         return torch.log_softmax(self.processed_logits(logits, batch, rows), dim=-1)
 
+    def _processed_logprobs(self, adjusted: torch.Tensor, batch: SamplingBatch,
+                            rows: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.log_softmax(self._processed_logits(adjusted, batch, rows), dim=-1)
+
     @staticmethod
     def _ban(x: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor | None) -> None:
         if rows is None:
@@ -209,6 +308,7 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits must be [{batch.num_rows}, V] (got {tuple(logits.shape)})")
         n = logits.shape[0]
+        logits = self.adjusted_logits(logits, batch)
         num_random = batch.random_rows.numel()
         token_ids = torch.empty(n, dtype=torch.int64, device=logits.device)
         if batch.greedy_rows.numel():
@@ -217,7 +317,7 @@ class Sampler:
             return SamplerOutput(token_ids=token_ids)
         # Process every row when logprobs are wanted (or all rows sample), else the random rows.
         rows = None if batch.need_logprobs or num_random == n else batch.random_rows
-        logprobs = self.processed_logprobs(logits, batch, rows)
+        logprobs = self._processed_logprobs(logits, batch, rows)
         if num_random:
             lp = logprobs if num_random == logprobs.shape[0] else logprobs.index_select(0, batch.random_rows)
             drawn = sample_from_logprobs(lp, batch.uniforms.index_select(0, batch.random_rows),
