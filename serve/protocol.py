@@ -112,13 +112,17 @@ class CompletionRequest(_SamplingFields):
             raise not_implemented("best_of > 1 is not supported", "best_of")
         if self.suffix:
             raise not_implemented("suffix is not supported", "suffix")
-        if self.echo and self.logprobs is not None:
-            raise not_implemented("echo with logprobs needs prompt logprobs, which are not supported",
-                                  "echo")
         if self.max_tokens is not None and self.max_tokens < 0:
             raise bad_request(f"max_tokens must be at least 0, got {self.max_tokens}", "max_tokens")
         if self.max_tokens == 0 and not self.echo:
             raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
+        if self.max_tokens == 0 and self.min_tokens > 0:
+            raise bad_request(f"min_tokens must be <= max_tokens (0), got {self.min_tokens}", "min_tokens")
+
+    @property
+    def scoring_only(self) -> bool:
+        """echo + logprobs + max_tokens 0: score the prompt, generate nothing (evaluation harnesses)."""
+        return self.echo and self.logprobs is not None and self.max_tokens == 0
 
 
 class ContentPart(_Body):

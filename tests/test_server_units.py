@@ -68,7 +68,9 @@ def test_completion_request_defaults_and_sampling_params():
     ({"prompt": "x", "n": 0}, 400, "n"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"prompt": "x", "suffix": "y"}, 501, "suffix"),
-    ({"prompt": "x", "echo": True, "logprobs": 1}, 501, "echo"),
+    ({"prompt": "x", "echo": True, "max_tokens": 0, "min_tokens": 2}, 400, "min_tokens"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, None, None),
+    ({"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 0}, None, None),
     ({"prompt": "x", "best_of": 1, "n": 2}, None, None),
 ])
 def test_completion_request_checks(body, status, param):
