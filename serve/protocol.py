@@ -10,7 +10,7 @@ import json
 import logging
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from deepinfer.sampling_params import SamplingParams, SamplingParamsError
+from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 from serve.errors import APIError, bad_request, not_implemented
 
 logger = logging.getLogger("serve")
@@ -163,6 +163,10 @@ class ChatCompletionRequest(_SamplingFields):
                 raise bad_request(f"{limit} must be at least 1, got {value}", limit)
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            # checked here: SamplingParams would name its own field (logprobs), not the chat one
+            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got "
+                              f"{self.top_logprobs}", "top_logprobs")
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -85,6 +85,15 @@ def test_completion_request_checks(body, status, param):
     assert (e.value.status, e.value.param) == (status, param)
 
 
+@pytest.mark.parametrize("top", [-1, 21])
+def test_chat_top_logprobs_out_of_range_names_top_logprobs(top):
+    req = parse_body(json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                                 "top_logprobs": top}).encode(), ChatCompletionRequest)
+    with pytest.raises(APIError) as e:
+        req.check()
+    assert (e.value.status, e.value.param) == (400, "top_logprobs")
+
+
 def test_chat_request_thinking_switch_and_limits():
     req = parse_body(json.dumps({"messages": [{"role": "user", "content": "x"}],
                                  "chat_template_kwargs": {"thinking": True},
