@@ -92,6 +92,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N per output token, 0..20; 0 = only the sampled token
+    prompt_logprobs: int | None = None  # top-N per prompt token (raw model distribution), 0..20
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # Penalties (vLLM semantics, applied before temperature): presence / frequency count the
@@ -125,6 +126,9 @@ class SamplingParams:
             _fail("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
         if self.logprobs is not None and (not _is_int(self.logprobs) or not (0 <= self.logprobs <= MAX_LOGPROBS)):
             _fail("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", self.logprobs)
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not (0 <= self.prompt_logprobs <= MAX_LOGPROBS)):
+            _fail("prompt_logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, "a bool", getattr(self, name))

@@ -82,6 +82,9 @@ class Sequence:
     # Per output token {token_id: outputs.Logprob} (sampled token + top-N); None when not requested.
     logprobs: list[dict] | None = None
     cumulative_logprob: float = 0.0
+    # Per prompt position {token_id: outputs.Logprob} (the prompt token + top-N), None for position 0;
+    # None when not requested. Only ever grows: a recomputed prefill scores no position twice.
+    prompt_logprobs: list[dict | None] | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -117,6 +120,10 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        return self.prompt_logprobs is None or len(self.prompt_logprobs) == self.prompt_len
 
     @property
     def num_output_tokens(self) -> int:

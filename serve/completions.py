@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from starlette.requests import Request
@@ -11,8 +12,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from serve.errors import APIError, bad_request, sse_error_event
 from serve.generation import EnginePrompt, Generation, respond
 from serve.protocol import MAX_CHOICES, MAX_PROMPTS, CompletionRequest, parse_body
-from serve.responses import (SSE_DONE, ChoiceState, completion_logprobs, new_id, now_s, sse,
-                             usage)
+from serve.responses import (SSE_DONE, ChoiceState, completion_logprobs, echo_logprobs,
+                             join_logprobs, new_id, now_s, sse, usage)
 from serve.state import ServerState
 
 logger = logging.getLogger("serve")
@@ -38,9 +39,13 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     max_model_len = state.max_model_len
     max_tokens = [check_length(len(p.token_ids), req.max_tokens, max_model_len) for p in prompts]
     ctx = _Context(req, state, prompts, new_id("cmpl"))
-    if req.max_tokens == 0:  # echo only (check() allows 0 just with echo)
+    if req.max_tokens == 0 and not req.scoring_only:  # echo only (check() allows 0 just with echo)
         return _echo_only(ctx)
-    params = [req.sampling_params(m, _engine_logprobs(req), n=req.num_sequences) for m in max_tokens]
+    # Scoring only (max_tokens 0) still samples one token, dropped from the answer: the prompt's last
+    # logits row is its sampling row, so that costs no extra forward, and the engine keeps one path.
+    params = [req.sampling_params(max(m, 1), _engine_logprobs(req), n=req.num_sequences) for m in max_tokens]
+    if req.echo and req.logprobs is not None:
+        params = [dataclasses.replace(p, prompt_logprobs=req.logprobs) for p in params]
     state.check_capacity(len(prompts))
     gen = Generation(state.engine_loop, ctx.id, prompts, params)
     return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
@@ -146,6 +151,13 @@ class _Context:
             body["usage"] = usage_obj
         return body
 
+    def prompt_part(self, out):
+        """The echoed prompt's `logprobs` part (echo with logprobs), None otherwise or when the
+        request ended before its prompt was scored (an abort)."""
+        if not self.req.echo or self.req.logprobs is None or out.prompt_logprobs is None:
+            return None
+        return echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, self.state.tokenizer)
+
     @property
     def prompt_tokens(self) -> int:
         return sum(len(p.token_ids) for p in self.prompts)
@@ -159,16 +171,22 @@ def _choice(index: int, text: str, logprobs, finish_reason, stop_reason=None) ->
 def _full_response(ctx: _Context, finals: list) -> dict:
     choices, completion_tokens = [], 0
     tokenizer = ctx.state.tokenizer
+    scoring = ctx.req.scoring_only
     for p_index, out in enumerate(finals):
         echo = ctx.echo_text(p_index)
-        # Usage counts every generated token, the best_of - n completions left out included.
-        completion_tokens += sum(len(c.token_ids) for c in out.outputs)
+        head = ctx.prompt_part(out)
+        # Usage counts every generated token, the best_of - n completions left out included; scoring
+        # only: the one sampled token is not part of the answer.
+        if not scoring:
+            completion_tokens += sum(len(c.token_ids) for c in out.outputs)
         for c in best_completions(out.outputs, ctx.req.n):
+            text, entries = ("", []) if scoring else (c.text, c.logprobs or [])
             logprobs = None
             if ctx.req.logprobs is not None:
-                logprobs = completion_logprobs(c.logprobs or [], tokenizer, len(echo))
-            choices.append(_choice(p_index * ctx.req.n + c.index, echo + c.text, logprobs,
-                                   c.finish_reason, c.stop_reason))
+                logprobs = join_logprobs(head, completion_logprobs(entries, tokenizer, len(echo)))
+            choices.append(_choice(p_index * ctx.req.n + c.index, echo + text, logprobs,
+                                   "length" if scoring else c.finish_reason,
+                                   None if scoring else c.stop_reason))
     return ctx.envelope(choices, usage(ctx.prompt_tokens, completion_tokens))
 
 
@@ -192,26 +210,31 @@ async def _stream(ctx: _Context, gen: Generation):
     tokenizer = ctx.state.tokenizer
     states: dict[int, ChoiceState] = {}
     completion_tokens: dict[int, int] = {}
+    scoring = ctx.req.scoring_only
     try:
         try:
             async for p_index, out in gen.outputs():
                 for c in out.outputs:
                     index = p_index * n + c.index
                     st = states.setdefault(index, ChoiceState())
+                    if scoring and not c.finished():
+                        continue  # the answer is the scored prompt, sent once, when it finishes
                     if not st.advance(c):
                         continue
-                    delta = c.delta_text
-                    completion_tokens[index] = st.num_tokens
-                    prefix = ""
+                    delta, entries = ("", []) if scoring else (c.delta_text, c.delta_logprobs or [])
+                    finish, stop_reason = ("length", None) if scoring else (c.finish_reason, c.stop_reason)
+                    completion_tokens[index] = 0 if scoring else st.num_tokens
+                    prefix, head = "", None
                     if not st.started:
                         st.started = True
-                        prefix = ctx.echo_text(p_index)
+                        prefix, head = ctx.echo_text(p_index), ctx.prompt_part(out)
                     logprobs = None
                     if ctx.req.logprobs is not None:
-                        logprobs = completion_logprobs(c.delta_logprobs or [], tokenizer,
-                                                       st.num_chars - len(delta))
-                    yield sse(ctx.envelope([_choice(index, prefix + delta, logprobs, c.finish_reason,
-                                                    c.stop_reason)], stream=True))
+                        # offsets count the echoed prompt too, as in the non-streamed answer
+                        offset = len(ctx.echo_text(p_index)) + st.num_chars - len(c.delta_text)
+                        logprobs = join_logprobs(head, completion_logprobs(entries, tokenizer, offset))
+                    yield sse(ctx.envelope([_choice(index, prefix + delta, logprobs, finish,
+                                                    stop_reason)], stream=True))
             if ctx.req.include_usage:
                 yield sse(ctx.envelope([], usage(ctx.prompt_tokens, sum(completion_tokens.values())),
                                        stream=True))

@@ -10,7 +10,7 @@ import json
 import logging
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from deepinfer.sampling_params import SamplingParams, SamplingParamsError
+from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 from serve.errors import APIError, bad_request, not_implemented
 from serve.structured_fields import structured_outputs_params
 
@@ -139,13 +139,17 @@ class CompletionRequest(_SamplingFields):
                                   "best_of")
         if self.suffix:
             raise not_implemented("suffix is not supported", "suffix")
-        if self.echo and self.logprobs is not None:
-            raise not_implemented("echo with logprobs needs prompt logprobs, which are not supported",
-                                  "echo")
         if self.max_tokens is not None and self.max_tokens < 0:
             raise bad_request(f"max_tokens must be at least 0, got {self.max_tokens}", "max_tokens")
         if self.max_tokens == 0 and not self.echo:
             raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
+        if self.max_tokens == 0 and self.min_tokens > 0:
+            raise bad_request(f"min_tokens must be <= max_tokens (0), got {self.min_tokens}", "min_tokens")
+
+    @property
+    def scoring_only(self) -> bool:
+        """echo + logprobs + max_tokens 0: score the prompt, generate nothing (evaluation harnesses)."""
+        return self.echo and self.logprobs is not None and self.max_tokens == 0
 
 
 class ContentPart(_Body):
@@ -183,6 +187,10 @@ class ChatCompletionRequest(_SamplingFields):
                 raise bad_request(f"{limit} must be at least 1, got {value}", limit)
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            # checked here: SamplingParams would name its own field (logprobs), not the chat one
+            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got "
+                              f"{self.top_logprobs}", "top_logprobs")
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -88,6 +88,23 @@ def completion_logprobs(entries: list[dict], tokenizer, text_offset: int) -> dic
             "text_offset": offsets}
 
 
+def echo_logprobs(prompt_token_ids: list[int], prompt_logprobs, tokenizer) -> dict:
+    """The prompt's part of a /v1/completions `logprobs` object (echo): its first token has no
+    prefix, so its logprob and top list are null, as OpenAI returns them; the others come from
+    RequestOutput.prompt_logprobs (the prompt token first, then the top-k)."""
+    first = token_text(tokenizer, prompt_token_ids[0])
+    rest = completion_logprobs(list(prompt_logprobs[1:]), tokenizer, len(first))
+    return {"tokens": [first] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
+            "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
+
+
+def join_logprobs(head: dict | None, tail: dict) -> dict:
+    """Two `logprobs` objects of consecutive text (echoed prompt, then completion) as one."""
+    if head is None:
+        return tail
+    return {key: head[key] + tail[key] for key in tail}
+
+
 def chat_logprobs(entries: list[dict], tokenizer, num_top: int) -> dict:
     """The chat `logprobs` object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
     content = []

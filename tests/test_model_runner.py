@@ -45,8 +45,8 @@ def test_worker_selects_the_rank_device_first_and_the_engine_steps_through_run(t
     runs = []
     real_run = ModelRunner.run
 
-    def counting_run(self, chunks, samples=None):
-        out = real_run(self, chunks, samples)
+    def counting_run(self, chunks, samples=None, scores=None):
+        out = real_run(self, chunks, samples, scores)
         runs.append((len(chunks), out.sampled is not None))
         return out
     monkeypatch.setattr(ModelRunner, "run", counting_run)

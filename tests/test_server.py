@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+import torch
 
 from deepinfer.sampling_params import SamplingParams
 from serve.chat_template import ChatTurn, render_chat
@@ -159,6 +160,46 @@ def test_n_seed_and_logprobs(server):
         assert all(v <= 0.0 for v in lp["token_logprobs"])
         assert all(1 <= len(top) <= 3 for top in lp["top_logprobs"])
         assert "".join(lp["tokens"]) == c["text"]
+
+
+def _teacher_forced(llm, ids: list[int]) -> list[float]:
+    """log p(ids[p] | ids[:p]), p >= 1, from the engine's own model fed the whole prompt at once."""
+    from model_helpers import run_chunks
+    worker = llm.llm_engine.worker
+    logits = run_chunks(worker.model, ids, [len(ids)], dtype=worker.dtype)
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return lp[:-1].gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
+
+
+def test_echo_logprobs_score_the_prompt_like_lm_eval(client, server, llm):
+    """lm-evaluation-harness local-completions loglikelihood: echo, logprobs, max_tokens 0."""
+    tok = llm.get_tokenizer()
+    text = "The quick brown fox jumps over the lazy dog"
+    ids = list(tok.encode(text))
+    for prompt in (ids, text):
+        got = client.completions.create(model=MODEL_NAME, prompt=prompt, echo=True, logprobs=2,
+                                        max_tokens=0, temperature=0)
+        c = got.choices[0]
+        assert c.text == (text if prompt is text else tok.decode(ids)) and c.finish_reason == "length"
+        assert got.usage.completion_tokens == 0 and got.usage.prompt_tokens == len(ids)
+        lp = c.logprobs
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(ids)
+        assert lp.tokens == [tok.decode([t]) for t in ids]
+        assert max(abs(a - b) for a, b in zip(lp.token_logprobs[1:], _teacher_forced(llm, ids))) < 1e-4
+        assert all(1 <= len(top) <= 3 for top in lp.top_logprobs[1:])
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # streamed: one chunk with the scored prompt; with generation: prompt part, then the tokens
+    events, done = parse_sse(post(server, "/v1/completions", {
+        "model": MODEL_NAME, "prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0,
+        "stream": True}).text)
+    assert done and len(events) == 1
+    assert events[0]["choices"][0]["logprobs"]["token_logprobs"][1:] == lp.token_logprobs[1:]
+    both = client.completions.create(model=MODEL_NAME, prompt=ids, echo=True, logprobs=1,
+                                     max_tokens=3, temperature=0)
+    blp = both.choices[0].logprobs
+    assert len(blp.tokens) == len(ids) + 3 and blp.token_logprobs[:len(ids)][1:] == lp.token_logprobs[1:]
+    assert "".join(blp.tokens[len(ids):]) == both.choices[0].text[len(tok.decode(ids)):]
 
 
 def test_stop_string_and_stop_token_ids(server, llm):

@@ -68,7 +68,9 @@ def test_completion_request_defaults_and_sampling_params():
     ({"prompt": "x", "n": 0}, 400, "n"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"prompt": "x", "suffix": "y"}, 501, "suffix"),
-    ({"prompt": "x", "echo": True, "logprobs": 1}, 501, "echo"),
+    ({"prompt": "x", "echo": True, "max_tokens": 0, "min_tokens": 2}, 400, "min_tokens"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, None, None),
+    ({"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 0}, None, None),
     ({"prompt": "x", "best_of": 1, "n": 2}, None, None),
 ])
 def test_completion_request_checks(body, status, param):
@@ -81,6 +83,15 @@ def test_completion_request_checks(body, status, param):
         req.check()
         req.sampling_params(4, None)
     assert (e.value.status, e.value.param) == (status, param)
+
+
+@pytest.mark.parametrize("top", [-1, 21])
+def test_chat_top_logprobs_out_of_range_names_top_logprobs(top):
+    req = parse_body(json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                                 "top_logprobs": top}).encode(), ChatCompletionRequest)
+    with pytest.raises(APIError) as e:
+        req.check()
+    assert (e.value.status, e.value.param) == (400, "top_logprobs")
 
 
 def test_chat_request_thinking_switch_and_limits():

@@ -152,6 +152,9 @@ class LLMEngine:
                                     seq_id, index))
             if getattr(sampling_params, "logprobs", None) is not None:
                 seq.logprobs = []
+            if index == 0 and getattr(sampling_params, "prompt_logprobs", None) is not None:
+                # The n samples share the prompt: the first one scores it; position 0 has no prefix.
+                seq.prompt_logprobs = [None]
             seq.detokenizer = self._make_detokenizer(token_ids, sampling_params)
             if compiled is not None:
                 seq.grammar = self._grammar_compiler.new_state(compiled)
@@ -322,10 +325,15 @@ class LLMEngine:
             first_token_time=_min(s.first_token_time for s in seqs),
             last_token_time=_max(s.last_token_time for s in seqs),
             finished_time=_max(s.finished_time for s in seqs) if req.finished else None)
+        # Prompt logprobs once the whole prompt is scored (from the first sampled token on); that list
+        # never changes again, so it is handed out as is.
+        first = seqs[0]
+        prompt_logprobs = first.prompt_logprobs if first.prompt_logprobs is not None \
+            and first.prompt_logprobs_done else None
         # The request's own prompt list (the engine never changes it), not a per-step copy.
         return RequestOutput(request_id=req.request_id, prompt=req.prompt,
                              prompt_token_ids=req.prompt_token_ids, outputs=completions,
-                             finished=req.finished, metrics=metrics)
+                             finished=req.finished, metrics=metrics, prompt_logprobs=prompt_logprobs)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -33,10 +33,23 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens fed this step: seq.token_ids[computed : computed + num_new_tokens]
     do_sample: bool  # sample one token after the last fed token
     is_decode: bool = False  # feeds the last sampled token (the prompt was already prefilled)
+    # Set by the worker: one {token_id: Logprob} per position of prompt_logprob_positions.
+    prompt_logprobs: list[dict] | None = None
 
     @property
     def start_pos(self) -> int:
         return self.seq.num_computed_tokens
+
+    @property
+    def prompt_logprob_positions(self) -> range:
+        """Prompt positions whose logprob this chunk computes: position p is scored by the logits
+        row of position p - 1, so a chunk covers (start, start + num_new] within the prompt, minus
+        what the sequence already has (a prefill recomputed after preemption repeats nothing)."""
+        seq = self.seq
+        if seq.prompt_logprobs is None:
+            return range(0)
+        first = max(self.start_pos + 1, len(seq.prompt_logprobs))
+        return range(first, max(first, min(self.start_pos + self.num_new_tokens, seq.prompt_len - 1) + 1))
 
 
 @dataclass
@@ -180,6 +193,9 @@ class Scheduler:
             row = rows.next() if item.do_sample else None
             if seq.status != SequenceStatus.RUNNING:  # aborted between schedule and update
                 continue
+            if item.prompt_logprobs:
+                assert len(item.prompt_logprobs) == len(item.prompt_logprob_positions)
+                seq.prompt_logprobs.extend(item.prompt_logprobs)
             seq.num_computed_tokens += item.num_new_tokens
             assert seq.num_computed_tokens <= len(seq)
             if row is None:

@@ -9,7 +9,8 @@
 - sample: the Sampler draws one token per logits row.
 
 A rank that runs the step without sampling (a follower) passes `samples=None` and gets the logits
-only. Rows are SeqChunks, so a multi-token decode row (speculative verification) is a chunk with
+only. A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
+its chunk's logits rows, which then take no SampleRequest (layers/token_scores.py). Rows are SeqChunks, so a multi-token decode row (speculative verification) is a chunk with
 num_new > 1 and num_logits > 1, and brings one SampleRequest per logits row.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs
 from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
+from deepinfer.model_executor.layers.token_scores import TokenScores, score_tokens
 from deepinfer.model_executor.static_step import Bucket
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.worker.runners.base import RunnerStrategy
@@ -40,6 +42,15 @@ class SampleRequest:
     bitmask: torch.Tensor | None = None  # int32 [W] allowed-token words under a grammar
 
 
+@dataclass(frozen=True)
+class ScoreRequest:
+    """The first len(target_ids) logits rows of chunk `chunk` score known tokens: row r is the
+    distribution the model gave to target_ids[r] (the token after that row's position)."""
+    chunk: int                       # index into the step's chunks
+    target_ids: tuple[int, ...]
+    num_top: int = 0                 # k of the top lists
+
+
 @dataclass
 class PreparedStep:
     step: StepInputs
@@ -51,6 +62,7 @@ class PreparedStep:
 class StepOutput:
     logits: torch.Tensor               # [num_logits, vocab] fp32, real rows in chunk order
     sampled: SamplerOutput | None      # None when the step was run without sampling
+    scores: list[TokenScores] | None = None  # one per ScoreRequest, in order
 
 
 @dataclass
@@ -88,17 +100,39 @@ class ModelRunner:
                                     bitmask_per_row=[s.bitmask for s in samples])
         return self.sampler.forward(logits, batch)
 
+    def score(self, logits: torch.Tensor, chunks: list[SeqChunk],
+              scores: list[ScoreRequest]) -> tuple[list[TokenScores], torch.Tensor]:
+        """Scores of each request, and the logits rows left for sampling (in chunk order)."""
+        starts, row = [], 0
+        for c in chunks:
+            starts.append(row)
+            row += min(c.num_logits, c.num_new)
+        keep = torch.ones(logits.shape[0], dtype=torch.bool)
+        results = []
+        for req in scores:
+            first, n = starts[req.chunk], len(req.target_ids)
+            own = min(chunks[req.chunk].num_logits, chunks[req.chunk].num_new)
+            if n > own:
+                raise ValueError(f"chunk {req.chunk} has {own} logits rows, {n} scored")
+            targets = torch.tensor(req.target_ids, dtype=torch.long)
+            results.append(score_tokens(logits[first:first + n], targets, req.num_top))
+            keep[first:first + n] = False
+        rest = logits if bool(keep.all()) else logits[keep.nonzero().squeeze(1).to(logits.device)]
+        return results, rest
+
     @torch.inference_mode()
-    def run(self, chunks: list[SeqChunk], samples: list[SampleRequest] | None = None) -> StepOutput:
+    def run(self, chunks: list[SeqChunk], samples: list[SampleRequest] | None = None,
+            scores: list[ScoreRequest] | None = None) -> StepOutput:
         t0 = time.perf_counter()
         prepared = self.prepare(chunks)
         t1 = time.perf_counter()
         logits = self.execute(prepared)
         t2 = time.perf_counter()
-        sampled = None if samples is None else self.sample(logits, samples)
+        scored, sample_logits = (None, logits) if not scores else self.score(logits, chunks, scores)
+        sampled = None if samples is None else self.sample(sample_logits, samples)
         t3 = time.perf_counter()
         self.last_timing = StepTiming(t1 - t0, t2 - t1, t3 - t2)
-        return StepOutput(logits, sampled)
+        return StepOutput(logits, sampled, scored)
 
     def warm_up(self) -> int:
         """Build every bucket's graph now (placeholder rows only); returns the number of graphs."""

@@ -7,11 +7,13 @@ import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk
 from deepinfer.model_executor.layers.sampler import SamplerOutput
+from deepinfer.model_executor.layers.token_scores import TokenScores
+from deepinfer.outputs import Logprob
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.platforms import current_platform
 from deepinfer.stop_rules import banned_token_ids
 from deepinfer.worker import cache_engine
-from deepinfer.worker.model_runner import ModelRunner, SampleRequest
+from deepinfer.worker.model_runner import ModelRunner, SampleRequest, ScoreRequest
 from deepinfer.worker.runners import EagerStrategy, strategy_class
 
 logger = logging.getLogger(__name__)
@@ -121,9 +123,42 @@ class Worker:
                              bitmask=seq.grammar.bitmask if seq.grammar is not None else None)
 
     def execute(self, scheduled) -> SamplerOutput:
-        """One engine step: the scheduled rows as chunks, each sampling row's request, through the runner."""
-        chunks = [SeqChunk(slot=s.seq.state_slot, ctx_len=s.seq.num_computed_tokens, num_new=s.num_new_tokens,
-                           block_table=s.seq.block_table, token_ids=s.seq.token_ids,
-                           num_logits=1 if s.do_sample else 0) for s in scheduled]
+        """One engine step: the scheduled rows as chunks, each sampling row's request, through the runner.
+
+        A prompt chunk of a request with prompt_logprobs asks for the logits rows of the positions it
+        scores too (they come right before its sampling row, if any); their entries land in
+        ScheduledSeq.prompt_logprobs, which the scheduler commits with the step.
+        """
+        chunks, scores, scored_rows = [], [], []
+        for i, s in enumerate(scheduled):
+            positions = s.prompt_logprob_positions
+            if len(positions):
+                # Logits rows are the chunk's last num_logits tokens, so the scored rows (positions p - 1)
+                # must end at the chunk's last token, or right before its sampling row.
+                assert positions.stop == s.start_pos + s.num_new_tokens + (0 if s.do_sample else 1), \
+                    "scored prompt rows must be the chunk's last logits rows"
+                targets = tuple(s.seq.token_ids[p] for p in positions)
+                scores.append(ScoreRequest(i, targets, int(s.seq.sampling_params.prompt_logprobs)))
+                scored_rows.append(s)
+            chunks.append(SeqChunk(slot=s.seq.state_slot, ctx_len=s.seq.num_computed_tokens,
+                                   num_new=s.num_new_tokens, block_table=s.seq.block_table,
+                                   token_ids=s.seq.token_ids,
+                                   num_logits=len(positions) + (1 if s.do_sample else 0)))
         samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
-        return self.runner.run(chunks, samples).sampled
+        out = self.runner.run(chunks, samples, scores or None)
+        for s, req, result in zip(scored_rows, scores, out.scores or ()):
+            s.prompt_logprobs = prompt_logprob_entries(req.target_ids, result)
+        return out.sampled
+
+
+def prompt_logprob_entries(target_ids, scores: TokenScores) -> list[dict[int, Logprob]]:
+    """{token id: Logprob} per scored token: the known token first, then the top-k."""
+    logprobs, ranks = scores.logprobs.tolist(), scores.ranks.tolist()
+    top_ids, top_lps = scores.top_ids.tolist(), scores.top_logprobs.tolist()
+    entries = []
+    for r, tid in enumerate(target_ids):
+        entry = {int(tid): Logprob(logprobs[r], ranks[r])}
+        for rank, (t, lp) in enumerate(zip(top_ids[r], top_lps[r]), start=1):
+            entry.setdefault(int(t), Logprob(lp, rank))
+        entries.append(entry)
+    return entries

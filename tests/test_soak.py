@@ -1,0 +1,48 @@
+"""examples/soak.py for 30 s against a real tiny server: mixed traffic, disconnects and malformed
+requests leave no failed request and no KV block in use, and the report has every figure."""
+import importlib.util
+import json
+
+import pytest
+
+from test_server_support import API_KEY, ServerProcess, model_dir_fixture, REPO
+
+
+@pytest.fixture(scope="module")
+def model_dir(request, tmp_path_factory):
+    return model_dir_fixture(request, tmp_path_factory)
+
+
+def _soak_module():
+    spec = importlib.util.spec_from_file_location("soak", REPO / "examples" / "soak.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_soak_30_s_leaves_no_failures_and_no_kv_blocks(model_dir, tmp_path):
+    soak = _soak_module()
+    srv = ServerProcess(model_dir)
+    try:
+        srv.wait_ready()
+        out = tmp_path / "soak.json"
+        rc = soak.main(["--base-url", srv.base, "--duration", "30", "--concurrency", "8",
+                        "--api-key", API_KEY, "--json", str(out), "--seed", "1"])
+        report = json.loads(out.read_text())
+    finally:
+        srv.terminate()
+    assert rc == 0, report
+    assert report["requests_failed"] == 0 and report["failed_by_cause"] == {}
+    assert report["requests_ok"] >= 10 and report["malformed_refused_correctly"] >= 1
+    assert report["disconnects"] >= 1
+    assert report["kv_blocks_used_after_drain"] == 0
+    assert report["server_pid"] == srv.proc.pid  # found from the port
+    assert report["server_rss_kib_start"] > 0 and report["server_rss_kib_end"] > 0
+    lat = report["latency_s"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+
+
+def test_soak_refuses_a_non_loopback_server():
+    soak = _soak_module()
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--base-url", "http://10.0.0.1:8000", "--duration", "1"])
