@@ -44,8 +44,8 @@ def test_greedy_with_penalties_is_argmax_of_penalised_logits_every_step(llm, kw)
     steps = []
     original = runner.run
 
-    def recording_run(chunks, samples=None):
-        out = original(chunks, samples)
+    def recording_run(chunks, samples=None, scores=None):
+        out = original(chunks, samples, scores)
         steps.append(out.logits[0].clone())
         return out
 
