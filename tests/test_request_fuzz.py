@@ -9,13 +9,9 @@ import random
 import httpx
 import pytest
 
-from deepinfer.engine.llm_engine import LLMEngine
 from deepinfer.engine_config import EngineConfig
-from serve.app import build_app
-from serve.engine_loop import EngineLoop
-from serve.metrics import ServerMetrics
 from serve.protocol import ChatCompletionRequest, CompletionRequest
-from serve.state import ServerConfig, ServerState
+from test_server_support import in_process_app
 
 MODEL = "m"
 NUM_BODIES = 300
@@ -97,28 +93,16 @@ def test_random_bodies_never_get_a_500(tiny_v4_dir):
         cases.append((path, random_body(rng, cls)))
 
     async def scenario():
-        state = ServerState(ServerConfig(served_model_name=MODEL),
-                            EngineLoop(lambda: LLMEngine(config), ServerMetrics()))
-        state.engine_loop.start(asyncio.get_running_loop())
         statuses = {}
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(state)),
-                                         base_url="http://t", timeout=300) as c:
-                for _ in range(1200):
-                    if state.engine_loop.ready:
-                        break
-                    await asyncio.sleep(0.05)
+        async with in_process_app(config, MODEL) as (c, state):
+            async def one(path, body):
+                r = await c.post(path, json=body)
+                _check(path, body, r)
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
 
-                async def one(path, body):
-                    r = await c.post(path, json=body)
-                    _check(path, body, r)
-                    statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-
-                for start in range(0, len(cases), 16):
-                    await asyncio.gather(*(one(p, b) for p, b in cases[start:start + 16]))
-                stats = state.engine_loop.engine.stats()
-        finally:
-            state.engine_loop.stop()
+            for start in range(0, len(cases), 16):
+                await asyncio.gather(*(one(p, b) for p, b in cases[start:start + 16]))
+            stats = state.engine_loop.engine.stats()
         return statuses, stats
 
     statuses, stats = asyncio.run(scenario())

@@ -3,6 +3,7 @@ loopback port, SSE parsing and /metrics reading."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -157,3 +158,30 @@ def stream_text(events: list[dict]) -> dict[int, str]:
         for ch in ev.get("choices", []):
             texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
     return texts
+
+
+@contextlib.asynccontextmanager
+async def in_process_app(engine_config, served_model_name: str = "m", timeout: float = 300):
+    """The real app and engine loop in this process, over httpx's ASGI transport: yields
+    (client, state) once the engine is ready, and stops the engine loop afterwards."""
+    import asyncio
+
+    from deepinfer.engine.llm_engine import LLMEngine
+    from serve.app import build_app
+    from serve.engine_loop import EngineLoop
+    from serve.metrics import ServerMetrics
+    from serve.state import ServerConfig, ServerState
+
+    state = ServerState(ServerConfig(served_model_name=served_model_name),
+                        EngineLoop(lambda: LLMEngine(engine_config), ServerMetrics()))
+    state.engine_loop.start(asyncio.get_running_loop())
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(state)),
+                                     base_url="http://t", timeout=timeout) as client:
+            for _ in range(1200):
+                if state.engine_loop.ready:
+                    break
+                await asyncio.sleep(0.05)
+            yield client, state
+    finally:
+        state.engine_loop.stop()
