@@ -1,0 +1,1 @@
+"""NKI kernels (our own), each with a torch wrapper taking its reference's argument list."""
