@@ -86,6 +86,9 @@ def elementwise(op, args, dtype):
     return tiles[0].like(np.broadcast_to(out, shape), dtype or dtypes.promote(*[t.dtype for t in tiles]))
 
 
+ops.register_elementwise(elementwise)
+
+
 def copy(x, dtype=None):
     """A tile copy (Vector Engine), e.g. PSUM -> SBUF, with an optional dtype conversion."""
     check_on_chip("nl.copy", x)

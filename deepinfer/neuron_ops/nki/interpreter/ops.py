@@ -19,6 +19,16 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + 0.044715 * x ** 3)))
 
 
+# nl.<op>(a, b) runs through nki.language's elementwise dispatch, which registers itself here when it
+# is imported (language imports this module, not the other way round).
+_elementwise = None
+
+
+def register_elementwise(fn) -> None:
+    global _elementwise
+    _elementwise = fn
+
+
 class Op:
     def __init__(self, name: str, fn, kind: str, arity: int):
         self.name, self.fn, self.kind, self.arity = name, fn, kind, arity
@@ -27,8 +37,9 @@ class Op:
         return f"nl.{self.name}"
 
     def __call__(self, *args, dtype=None, **kwargs):
-        from deepinfer.neuron_ops.nki.interpreter import language
-        return language.elementwise(self, args, dtype)
+        if _elementwise is None:
+            raise RuntimeError("nl ops are called through nki.language: import it first")
+        return _elementwise(self, args, dtype)
 
 
 _ARITH = {
