@@ -60,6 +60,9 @@ def _vector_operand(what: str, data: Tensor, operand):
     return operand
 
 
+from deepinfer.neuron_ops.nki.interpreter.select_ops import scalar_tensor_tensor  # noqa: E402,F401 (phase 2b)
+
+
 # --- Tensor Engine --------------------------------------------------------------------------------
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
               mask=None, **kwargs):

@@ -88,6 +88,8 @@ def elementwise(op, args, dtype):
 
 ops.register_elementwise(elementwise)
 
+from deepinfer.neuron_ops.nki.interpreter.select_ops import where  # noqa: E402,F401 (phase 2b)
+
 
 def copy(x, dtype=None):
     """A tile copy (Vector Engine), e.g. PSUM -> SBUF, with an optional dtype conversion."""
