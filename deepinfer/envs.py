@@ -106,6 +106,11 @@ ENV_VARS: list[EnvVar] = [
     EnvVar("DEEPINFER_NEURON_COMPILE_BACKEND", "aot_eager", "choice",
            "torch.compile backend for Neuron regions in host mode (device mode always uses neuron).",
            ("aot_eager", "inductor")),
+    EnvVar("DEEPINFER_NEURON_KERNELS", "reference", "choice",
+           "Neuron host mode: reference runs every kernel as its PyTorch reference; simulate runs each "
+           "kernel that has an NKI implementation in the NumPy NKI interpreter inside the engine "
+           "(slow; counts in deepinfer.neuron_ops.nki.simulation_counts()). Read when the platform is made.",
+           ("reference", "simulate")),
     EnvVar("DEEPINFER_LOG_LEVEL", "INFO", "choice",
            "Level of the deepinfer loggers, applied when deepinfer is first imported; "
            "deepinfer.logging_config.configure_logging(level) overrides it. Records go to the "

@@ -1,13 +1,20 @@
-"""One entry per kernel the Neuron path uses, and the NKI kernels planned for some of them.
+"""One entry per kernel the Neuron path uses, and the NKI kernels written or planned for them.
 
-`kernel(name, on_device)` resolves a name once:
+`kernel(name, on_device, simulate)` resolves a name once:
 - host mode: the PyTorch reference (neuron_ops/refs/) registered as a custom op, so a compiled region
-  holds one node per kernel, as a device graph would hold one NKI call;
-- device mode: the plain reference, traced into the region graph and compiled op by op by neuronx-cc.
-No NKI kernel is written yet; `PLANNED_NKI_KERNELS` says which names will get one.
+  holds one node per kernel, as a device graph would hold one NKI call; with `simulate`
+  (DEEPINFER_NEURON_KERNELS=simulate) a name that has an NKI kernel (nki/registry.py IMPLEMENTED)
+  is instead a custom op `nki_<name>` with the same fake whose implementation runs the kernel in the
+  NKI interpreter (nki/ops.py);
+- device mode: a name with an NKI kernel goes to it through torch-neuronx (nki/device.py, never run
+  here) when the real nki and /dev/neuron are present; every other name is the plain reference,
+  traced into the region graph and compiled op by op by neuronx-cc.
+`PLANNED_NKI_KERNELS` describes the kernels; IMPLEMENTED says which exist.
 Every entry has the reference's argument list and output contract. Both MoE names (and both packed
 fp4 MoE names) are the fixed-shape forms in both modes: no bincount / .tolist() on Neuron.
 """
+import functools
+
 from deepinfer.model_executor.layers.kernels import KERNEL_NAMES as MODEL_KERNELS
 from deepinfer.neuron_ops import refs
 
@@ -41,10 +48,37 @@ def _resolve(name: str) -> str:
     return _ALIASES.get(name, name)
 
 
-def kernel(name: str, on_device: bool = False):
+def implemented() -> dict:
+    """Kernel-table name -> NKI wrapper, for the names that have an NKI kernel (imported on demand)."""
+    from deepinfer.neuron_ops.nki.registry import IMPLEMENTED
+    return IMPLEMENTED
+
+
+def kernel(name: str, on_device: bool = False, simulate: bool = False):
     """The callable the Neuron platform hands the model for `name`."""
     name = _resolve(name)
-    return refs.PLAIN[name] if on_device else refs.custom_op(name)
+    if on_device:
+        from deepinfer.neuron_ops.nki import device
+        if name in implemented() and device.available():  # pragma: no cover - device only
+            return device.device_kernel(name)
+        return refs.PLAIN[name]
+    if simulate and name in implemented():
+        return _simulated_op(name)
+    return refs.custom_op(name)
+
+
+_SIMULATED: dict = {}
+
+
+def _simulated_op(name: str):
+    """`name`'s NKI wrapper as custom op deepinfer_neuron::nki_<name>, with the reference's schema
+    (inferred from its signature, which functools.wraps hands on) and fake: one graph node whose
+    implementation runs the kernel in the interpreter."""
+    if name not in _SIMULATED:
+        impl = implemented()[name]
+        fn = functools.wraps(refs.PLAIN[name])(lambda *args, **kwargs: impl(*args, **kwargs))
+        _SIMULATED[name] = refs._op(f"nki_{name}", fn, refs.FAKES[name])
+    return _SIMULATED[name]
 
 
 def reference(name: str):

@@ -138,3 +138,100 @@ def test_blockquant_fp8_gemm_v41_flash_k(m):
     got = ops.blockquant_fp8_gemm(x, codes, scale, 32, 32)
     assert _gemm_close(got, kernels.reference("blockquant_fp8_gemm")(x, codes, scale, 32, 32), x, codes, scale)
     assert n % N_TILE
+
+
+# --- blockquant fp4 gemm -------------------------------------------------------------------------
+def _fp4_weight(n, k, group=32, lead=()):
+    packed = torch.randint(0, 256, (*lead, n, k // 2), dtype=torch.uint8, generator=GEN)
+    scale = torch.randint(118, 130, (*lead, n, k // group), dtype=torch.uint8, generator=GEN)
+    return packed, scale
+
+
+def _close(got, want, bound, k):
+    """Equal up to fp32 summation order (bounded by the sum of |products|), plus one bf16 rounding."""
+    err = (got.float() - want.float()).abs() - 1e-6 * k ** 0.5 * bound
+    if got.dtype == torch.bfloat16:
+        return bool((_bf16_ulps(want.float() + err.clamp_min(0), want) <= 1).all())
+    return bool((err <= 0).all())
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 700, 256), (7, 1030, 320), (64, 96, 64), (33, 513, 1024)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blockquant_fp4_gemm_equals_reference(m, n, k, dtype):
+    from deepinfer.model_executor.layers.quant import dequant_fp4
+    packed, scale = _fp4_weight(n, k)
+    x = torch.randn(m, k, generator=GEN).to(dtype)
+    x[m // 2:] = 0 if m > 1 else x[m // 2:]   # padded decode rows
+    got = ops.blockquant_fp4_gemm(x, packed, scale, 32)
+    want = kernels.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape
+    assert _close(got, want, x.float().abs() @ dequant_fp4(packed, scale, 32).abs().t(), k)
+    if m > 1:
+        assert torch.equal(got[m // 2:], torch.zeros_like(got[m // 2:]))
+    s = ops.last_stats().as_dict()
+    assert s["peak_psum_banks"] <= 8 and s["instructions"]["tensor"] > 0
+
+
+def test_blockquant_fp4_gemm_grid_splits_n_and_every_code_decodes():
+    # every byte value once per row: all 16 nibbles in both positions
+    packed = torch.arange(256, dtype=torch.uint8).reshape(1, 256).repeat(40, 1)
+    scale = torch.full((40, 16), 127, dtype=torch.uint8)
+    x = torch.randn(2, 512, generator=GEN)
+    want = kernels.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
+    for grid in (1, 2):
+        assert _close(ops.blockquant_fp4_gemm(x, packed, scale, 32, grid=grid), want,
+                      x.abs() @ torch.full((512, 40), 6.0), 512)
+    with pytest.raises(ValueError, match="group"):
+        ops.blockquant_fp4_gemm(x, packed, scale[:, :5], 100)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 64])
+def test_blockquant_fp4_gemm_v41_flash_k(m):
+    """The seed's expert GEMM shape (64 x 5120 x 4608)."""
+    packed, scale = _fp4_weight(4608, 5120)
+    x = torch.randn(m, 5120, generator=GEN).bfloat16()
+    from deepinfer.model_executor.layers.quant import dequant_fp4
+    want = kernels.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
+    got = ops.blockquant_fp4_gemm(x, packed, scale, 32)
+    assert _close(got, want, x.float().abs() @ dequant_fp4(packed, scale, 32).abs().t(), 5120)
+
+
+# --- grouped fp8 gemm ----------------------------------------------------------------------------
+@pytest.mark.parametrize("t,groups,rows,k", [(1, 2, 64, 128), (5, 4, 96, 160), (64, 2, 544, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blockquant_fp8_grouped_gemm_equals_reference(t, groups, rows, k, dtype):
+    codes, scale = _fp8_weight(groups * rows, k)
+    x = torch.randn(t, groups, k, generator=GEN).to(dtype)
+    got = ops.blockquant_fp8_grouped_gemm(x, codes, scale, 32, 32)
+    want = kernels.reference("blockquant_fp8_grouped_gemm")(x, codes, scale, 32, 32)
+    assert got.dtype == want.dtype and got.shape == want.shape == (t, groups, rows)
+    for g in range(groups):
+        w = codes[g * rows:(g + 1) * rows]
+        s = scale[g * rows // 32:(g + 1) * rows // 32]
+        assert _gemm_close(got[:, g], want[:, g], x[:, g], w, s)
+    assert ops.last_stats().launches == groups
+
+
+# --- fp4 static experts --------------------------------------------------------------------------
+@pytest.mark.parametrize("t,experts,dim,inter", [(1, 3, 256, 96), (6, 4, 320, 128), (64, 2, 128, 544)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp4_static_experts_equals_reference(t, experts, dim, inter, dtype):
+    w13, s13 = _fp4_weight(2 * inter, dim, lead=(experts,))
+    w2, s2 = _fp4_weight(dim, inter, lead=(experts,))
+    x = torch.randn(t, dim, generator=GEN).to(dtype) * 0.05
+    if t > 1:
+        x[-1] = 0                                   # a padded row
+    idx = torch.randint(0, experts, (t, 2), generator=GEN)
+    weights = torch.rand(t, 2, generator=GEN)
+    got = ops.fp4_static_experts(x, idx, weights, w13, s13, w2, s2, 32, 10.0)
+    want = kernels.reference("fp4_static_experts")(x, idx, weights, w13, s13, w2, s2, 32, 10.0)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    scale = want.float().abs().max()
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale.item())
+    else:   # bf16 intermediates (gu, h, y) may round a last bit differently after a different fp32 sum order
+        assert ((got.float() - want.float()).abs() <= 0.02 * scale + 1e-3).all()
+        assert (got.float() - want.float()).abs().mean() <= 2e-3 * scale
+    if t > 1:
+        assert torch.equal(got[-1], torch.zeros_like(got[-1]))

@@ -36,3 +36,18 @@ def test_bench_host_compile_runs(tmp_path):
     rows = json.loads(out_json.read_text())["results"]
     assert rows[0]["kind"] == "v4" and rows[0]["graphs_compiled"] == rows[0]["layer_kinds"] > 0
     assert rows[0]["tokens_equal"] is True
+
+
+def test_kernel_report_runs_at_small_shapes(tmp_path):
+    out = tmp_path / "kernel_report.json"
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "neuron" / "kernel_report.py"), "--config",
+                        str(ROOT / "examples" / "configs" / "v41-flash.json"), "--rows", "1,4", "--scale", "16",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    names = {k["kernel"] for k in rep["kernels"]}
+    assert {"blockquant_fp8_gemm", "blockquant_fp8_grouped_gemm", "blockquant_fp4_gemm", "fp4_static_experts"} <= names
+    for k in rep["kernels"]:
+        assert k["instructions"]["tensor"] > 0 and k["dma_bytes"] > 0 and k["roofline_estimate_ms"] > 0
+    assert rep["assumptions"]["hbm_bytes_per_s"] == 2.9e12 / 4
+    assert "roofline" in r.stdout

@@ -2,7 +2,10 @@
 
 - `api`: the `nki` / `nl` / `nisa` modules kernels import: the real NKI 0.x API where installed,
   else `interpreter` (a NumPy implementation of the subset used, enforcing trn2's rules);
-- `kernels/`: the NKI kernels (rms_norm, swiglu, blockquant_fp8_gemm so far);
-- `ops`: torch wrappers with the references' argument lists, and `last_stats()`.
-Not yet wired into `neuron_ops.kernels` (the kernel table still routes every name to its reference).
+- `kernels/`: the NKI kernels;
+- `ops`: torch wrappers with the references' argument lists, and `last_stats()`;
+- `registry.IMPLEMENTED`: kernel-table name -> wrapper, what `neuron_ops.kernels.kernel` routes to NKI
+  (host mode with DEEPINFER_NEURON_KERNELS=simulate: the interpreter; device: `device.py`);
+- `simulation_counts()`: {kernel name: calls} since the process started.
 """
+from deepinfer.neuron_ops.nki.counts import simulation_counts  # noqa: F401

@@ -1,16 +1,24 @@
 """Torch entry points of the NKI kernels, with their references' argument lists
 (deepinfer/neuron_ops/refs PLAIN): each converts its torch inputs to the layout the kernel reads,
-runs the kernel in the interpreter (or the real NKI simulator where `nki` is installed) and returns
-a torch tensor in the reference's output dtype. `last_stats()` gives the interpreter's counts of the
-latest call."""
+launches the kernel and returns a torch tensor in the reference's output dtype.
+
+Where a launch runs (`_run`): in the NumPy interpreter when the real `nki` is absent; in NKI's own
+simulator where it is installed; on the NeuronCore through torch-neuronx inside `on_device()`
+(nki/device.py; never run in this project). `last_stats()` sums the interpreter's counts over every
+launch of the latest wrapper call (a wrapper may launch several kernels); `counts.simulation_counts()`
+counts wrapper calls by kernel-table name, an expert call's own GEMM and SwiGLU calls included."""
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Optional
 
 import numpy as np
 import torch
 
-from deepinfer.neuron_ops.nki import api
+from deepinfer.neuron_ops.nki import api, counts
+from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import K_ROWS as FP4_K_ROWS
+from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import blockquant_fp4_gemm_kernel
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp8_gemm import K_TILE, N_TILE, blockquant_fp8_gemm_kernel
 from deepinfer.neuron_ops.nki.kernels.rms_norm import rms_norm_kernel
 from deepinfer.neuron_ops.nki.kernels.swiglu import swiglu_kernel
@@ -19,9 +27,24 @@ _TORCH_TO_NL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
                 torch.uint8: "uint8", torch.int32: "int32"}
 _NL_TO_TORCH = {v: k for k, v in _TORCH_TO_NL.items()}
 
+_ON_DEVICE = False   # inside on_device(): launches go to the NeuronCore with torch tensors
+
+
+@contextlib.contextmanager
+def on_device():
+    """Launch kernels through torch-neuronx (tensors stay torch XLA tensors). Never run here."""
+    global _ON_DEVICE
+    prev, _ON_DEVICE = _ON_DEVICE, True
+    try:
+        yield
+    finally:
+        _ON_DEVICE = prev
+
 
 def _hbm(t: torch.Tensor):
-    """An HBM input of the kernel: the tensor's values with its dtype."""
+    """An HBM input of the kernel: the tensor's values with its dtype (on a device: the tensor)."""
+    if _ON_DEVICE:  # pragma: no cover - device only
+        return t
     name = _TORCH_TO_NL.get(t.dtype)
     if name is None:
         raise TypeError(f"nki kernels: unsupported input dtype {t.dtype}")
@@ -32,43 +55,99 @@ def _hbm(t: torch.Tensor):
 
 
 def _torch(out) -> torch.Tensor:
+    if _ON_DEVICE:  # pragma: no cover - device only: torch-neuronx returns a torch tensor
+        return out
     if not api.INTERPRETED:  # pragma: no cover - real simulator returns NumPy in the output dtype
         return torch.from_numpy(np.asarray(out))
     return torch.from_numpy(out.numpy()).to(_NL_TO_TORCH[out.dtype.name])
 
 
+# stats of the launches of the wrapper call in progress / the latest one
+_call_depth = 0
+_call_stats: list = []
+_last_call_stats: list = []
+
+
 def _run(kernel, grid, *args):
-    if api.INTERPRETED:
+    """Launch `kernel[grid](*args)`; args are `_hbm` inputs (or torch tensors) and scalars."""
+    args = [_hbm(a) if isinstance(a, torch.Tensor) else a for a in args]
+    if _ON_DEVICE:  # pragma: no cover - device only
         return kernel[grid](*args)
+    if api.INTERPRETED:
+        out = kernel[grid](*args)
+        _call_stats.append(api.nki.last_stats())
+        return out
     return api.nki.simulate_kernel(kernel[grid], *args)  # pragma: no cover
 
 
+def _grid(grid: int):
+    return api.nl.nc(grid) if grid > 1 else 1
+
+
+def wrapper(name: str):
+    """Mark a torch entry point of kernel-table name `name`: counts its calls, gathers its launches' stats."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            global _call_depth, _call_stats, _last_call_stats
+            counts.record(name)
+            if _call_depth == 0:
+                _call_stats = []
+            _call_depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _call_depth -= 1
+                if _call_depth == 0:
+                    _last_call_stats = _call_stats
+        return call
+    return deco
+
+
 def last_stats():
-    """The interpreter's counts (instructions per engine, DMA bytes, peaks) of the latest kernel call."""
-    return api.nki.last_stats() if api.INTERPRETED else None
+    """The interpreter's counts (instructions per engine, DMA bytes, FLOPs; peaks as maxima) summed
+    over the launches of the latest wrapper call; None before any (or off the interpreter)."""
+    if not api.INTERPRETED or not _last_call_stats:
+        return None
+    total = api.nki.Stats()
+    for s in _last_call_stats:
+        total.instructions.update(s.instructions)
+        total.dma_bytes_in += s.dma_bytes_in
+        total.dma_bytes_out += s.dma_bytes_out
+        total.matmul_flops += s.matmul_flops
+        total.peak_sbuf_bytes = max(total.peak_sbuf_bytes, s.peak_sbuf_bytes)
+        total.peak_psum_banks = max(total.peak_psum_banks, s.peak_psum_banks)
+    total.launches = len(_last_call_stats)
+    return total
 
 
+@wrapper("rms_norm")
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     w = (torch.ones(shape[-1], dtype=torch.float32) if weight is None else weight).reshape(1, -1)
-    out = _run(rms_norm_kernel, 1, _hbm(x2), _hbm(w), float(eps))
+    out = _run(rms_norm_kernel, 1, x2, w, float(eps))
     return _torch(out).reshape(shape)
 
 
+@wrapper("swiglu")
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     shape = gate.shape
-    out = _run(swiglu_kernel, 1, _hbm(gate.reshape(-1, shape[-1])), _hbm(up.reshape(-1, shape[-1])), float(limit))
+    out = _run(swiglu_kernel, 1, gate.reshape(-1, shape[-1]), up.reshape(-1, shape[-1]), float(limit))
     return _torch(out).reshape(shape)
 
 
 # e4m3 codes whose exponent field is 15 are finite only in OCP e4m3fn (256..448); trn2's e4m3 reads
 # them as inf/NaN, so weights must be brought under 240 at load (docs/neuron.md section 4, A1).
 _E4M3_EXP_MASK = 0x78
+# Activation rows per launch: x^T tiles are the stationary operand (free size <= 128); a prompt step
+# with more rows runs in chunks.
+_ROWS_MAX = 128
 
 
+@wrapper("blockquant_fp8_gemm")
 def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
-                        block_cols: int, grid: int = 2) -> torch.Tensor:
+                        block_cols: int, *, grid: int = 2) -> torch.Tensor:
     """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp8_gemm); x: [M, K] with
     M <= 128 (decode); the weight is re-laid K-major here, as the packed-weights load will store it."""
     if w_codes.dtype != torch.uint8 or w_scale.dtype != torch.uint8:
@@ -78,6 +157,9 @@ def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.T
                          f"{N_TILE}x{K_TILE}")
     if bool(((w_codes & _E4M3_EXP_MASK) == _E4M3_EXP_MASK).any()):
         raise ValueError("blockquant_fp8_gemm kernel: codes above 240 (e4m3fn only) do not exist in trn2 e4m3")
+    if x.shape[0] > _ROWS_MAX:
+        return torch.cat([blockquant_fp8_gemm(x[r:r + _ROWS_MAX], w_codes, w_scale, block_rows, block_cols, grid=grid)
+                          for r in range(0, x.shape[0], _ROWS_MAX)])
     m, k = x.shape
     n = w_codes.shape[0]
     kp = -(-k // K_TILE) * K_TILE
@@ -87,6 +169,69 @@ def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.T
     w_kn[:k] = w_codes.t()
     s_kn = torch.full((kp, w_scale.shape[0]), 127, dtype=torch.uint8)
     s_kn[:k] = w_scale.t().repeat_interleave(block_cols, dim=0)[:k]
-    out = _run(blockquant_fp8_gemm_kernel, api.nl.nc(grid) if grid > 1 else 1, _hbm(x_p), _hbm(w_kn),
-               _hbm(s_kn), int(block_rows))
+    out = _run(blockquant_fp8_gemm_kernel, _grid(grid), x_p, w_kn, s_kn,
+               int(block_rows))
     return _torch(out)
+
+
+@wrapper("blockquant_fp8_grouped_gemm")
+def blockquant_fp8_grouped_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
+                                block_cols: int, *, grid: int = 2) -> torch.Tensor:
+    """Per-group GEMM (quant_gemm.blockquant_fp8_grouped_gemm): x [T, G, K], w_codes [G * R, K] ->
+    [T, G, R]; one fp8 GEMM launch per group on that group's rows (R a multiple of block_rows, so a
+    group's scale rows are whole rows of w_scale)."""
+    groups, rows = x.shape[1], w_codes.shape[0] // x.shape[1]
+    if rows % block_rows:
+        raise ValueError(f"blockquant_fp8_grouped_gemm kernel: group rows {rows} must be a multiple of "
+                         f"block_rows {block_rows}")
+    per = rows // block_rows
+    outs = [blockquant_fp8_gemm(x[:, g], w_codes[g * rows:(g + 1) * rows], w_scale[g * per:(g + 1) * per],
+                                block_rows, block_cols, grid=grid) for g in range(groups)]
+    return torch.stack(outs, dim=1)
+
+
+def _fp4_onehot(group: int) -> torch.Tensor:
+    """[128 / (group/2), 128] bf16: row r is 1 on the byte rows whose K elements scale row r covers."""
+    per = group // 2
+    return (torch.arange(FP4_K_ROWS)[None, :] // per == torch.arange(FP4_K_ROWS // per)[:, None]).to(torch.bfloat16)
+
+
+def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> None:
+    if w_packed.dtype != torch.uint8 or w_scale.dtype != torch.uint8:
+        raise ValueError(f"{name}: packed codes and scales must be uint8 bytes")
+    if group % 2 or (2 * FP4_K_ROWS) % group:
+        raise ValueError(f"{name} kernel: group {group} must be even and divide {2 * FP4_K_ROWS}")
+
+
+@wrapper("blockquant_fp4_gemm")
+def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int, *,
+                        grid: int = 2) -> torch.Tensor:
+    """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp4_gemm): x [M, K],
+    w_packed uint8 [N, K/2], w_scale uint8 [N, K/group]. The weight bytes are only transposed
+    (K-major, as a load would store them); x is split into its even and odd columns."""
+    _fp4_check("blockquant_fp4_gemm", w_packed, w_scale, group)
+    if x.shape[0] > _ROWS_MAX:
+        return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid)
+                          for r in range(0, x.shape[0], _ROWS_MAX)])
+    out = _run(blockquant_fp4_gemm_kernel, _grid(grid), x[:, 0::2].contiguous(), x[:, 1::2].contiguous(),
+               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group), int(group))
+    return _torch(out)
+
+
+@wrapper("fp4_static_experts")
+def fp4_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                       w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, group: int,
+                       limit: float) -> torch.Tensor:
+    """Fixed-shape routed experts on packed fp4 weights (quant_gemm.fp4_static_experts): for every
+    expert, the w13 fp4 GEMM, SwiGLU and the w2 fp4 GEMM as NKI launches (outputs in x's dtype, as
+    the reference rounds them), then the [T, E] combine weights applied in fp32 on the host."""
+    from deepinfer.model_executor.layers.moe import combine_weights
+    n_experts, inter = w13.shape[0], w2.shape[2] * 2
+    comb = combine_weights(idx, weights, n_experts)
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
+    for e in range(n_experts):
+        gu = blockquant_fp4_gemm(x, w13[e], w13_scale[e], group)
+        h = swiglu(gu[:, :inter].contiguous(), gu[:, inter:].contiguous(), limit)
+        y = blockquant_fp4_gemm(h, w2[e], w2_scale[e], group)
+        out = out + comb[:, e:e + 1] * y.float()
+    return out.to(x.dtype)

@@ -59,6 +59,8 @@ class NeuronPlatform(Platform):
         self.ctx_buckets = envs.get("DEEPINFER_NEURON_CTX_BUCKETS")
         self.prefill_bucket = envs.get("DEEPINFER_NEURON_PREFILL_BUCKET")
         self.fp8_guard = bool(envs.get("DEEPINFER_NEURON_FP8_GUARD"))
+        # host mode only: run the NKI kernels in the interpreter (device mode runs them on the core)
+        self.simulate_kernels = host and envs.get("DEEPINFER_NEURON_KERNELS") == "simulate"
         self.rank = 0
 
     # -- device -------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ class NeuronPlatform(Platform):
 
     def kernel(self, name: str):
         from deepinfer.neuron_ops import kernels
-        return kernels.kernel(name, on_device=not self.is_host_mode)
+        return kernels.kernel(name, on_device=not self.is_host_mode, simulate=self.simulate_kernels)
 
     def __repr__(self) -> str:
         return f"<NeuronPlatform {'host' if self.is_host_mode else 'device'} mode>"

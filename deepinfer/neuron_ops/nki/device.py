@@ -1,0 +1,40 @@
+"""Device routing of the NKI kernels: on a NeuronCore, a kernel-table name with an NKI kernel runs
+through torch-neuronx's NKI call (an `nki.jit` kernel launched on torch XLA tensors with its grid,
+`kernel[grid](*tensors)`, which torch-neuronx lowers to one custom call in the region graph).
+
+NEVER RUN: this project has no Trainium machine; nothing here has executed on hardware. It is
+imported lazily, only by `neuron_ops.kernels.kernel(name, on_device=True)` when `available()`.
+Open points for a first device run: the wrappers prepare the kernels' K-major layouts with torch ops
+per call (a load-time layout in the packed weights would remove them), and the fp8 wrapper's
+`codes <= 240` check reads the weight on the host."""
+from __future__ import annotations
+
+import functools
+import glob
+
+
+def available() -> bool:
+    """The real NKI is importable and a Neuron device exists."""
+    if not glob.glob("/dev/neuron*"):
+        return False
+    try:  # pragma: no cover - only on a Neuron install
+        import neuronxcc.nki  # noqa: F401
+        import torch_neuronx  # noqa: F401
+    except ImportError:
+        return False
+    return True  # pragma: no cover
+
+
+def device_kernel(name: str):  # pragma: no cover - device only, never run
+    """The wrapper of `name` with its launches sent to the NeuronCore."""
+    import torch_neuronx  # noqa: F401  (registers the XLA device and the NKI custom call)
+
+    from deepinfer.neuron_ops.nki import ops
+    from deepinfer.neuron_ops.nki.registry import IMPLEMENTED
+    impl = IMPLEMENTED[name]
+
+    @functools.wraps(impl)
+    def call(*args, **kwargs):
+        with ops.on_device():
+            return impl(*args, **kwargs)
+    return call

@@ -1,0 +1,87 @@
+"""Blockquant fp4 GEMM for decode shapes: y = x @ W^T, W given as e2m1 nibble pairs (element 2j in
+the low nibble of byte j) with one ue8m0 exponent byte per `group` consecutive K elements of a row.
+
+trn2 has no fp4 matmul, so each weight tile is decoded on the Vector Engine into a tile of x's dtype
+(bf16 for bf16 activations; fp32 for fp32 ones, as the reference computes) before nc_matmul.
+
+Layout the kernel reads (prepared by ops.blockquant_fp4_gemm; the weight bytes are the checkpoint's,
+transposed K-major):
+  x_lo, x_hi [M, K/2]  the even / odd K columns of x (byte row j of W pairs x[:, 2j] and x[:, 2j+1])
+  w_t        [K/2, N]  uint8 nibble pairs, packed K on partitions
+  s_t        [K/g, N]  uint8 ue8m0 exponents, row r = the scales of K elements [r*g, (r+1)*g)
+  onehot     [128/(g/2), 128] bf16 one-hot rows: onehot[r, p] = 1 where byte row p is in scale row r
+Nibbles map to values without a table: for the magnitude code c in 0..7, e2m1 is
+0.5*c + 0.5*relu(c - 4) + relu(c - 6) (0, .5, 1, 1.5, 2, 3, 4, 6), times -1 when bit 3 is set: small
+integers and halves, exact in any float format. The scales vary along K (partitions) in steps of g/2
+byte rows; the Tensor Engine spreads them onto the partitions (onehot^T @ scales, exact for powers of
+two) instead of the host storing one scale byte per weight byte.
+Tiling: x^T tiles [<=128, M] stationary (two per K tile: even and odd columns), decoded weight tiles
+[<=128, <=512] moving, fp32 PSUM accumulation over K, grid 2 splits N (LNC 2)."""
+from deepinfer.neuron_ops.nki.api import nisa, nki, nl
+
+K_ROWS = 128   # packed byte rows (= 256 K elements) per K tile
+N_TILE = 512   # moving free size per matmul (one PSUM bank of fp32)
+
+
+def decode_e2m1(codes, dtype):
+    """uint8/int32 nibble codes (0..15) [P, F] -> their e2m1 values as an fp32 tile (Vector Engine)."""
+    mag = nisa.tensor_scalar(codes, nl.bitwise_and, 7, dtype=nl.float32)
+    sign_bit = nisa.tensor_scalar(codes, nl.right_shift, 3, dtype=nl.float32)
+    sign = nisa.tensor_scalar(sign_bit, nl.multiply, -2.0, op1=nl.add, operand1=1.0)
+    over4 = nisa.tensor_scalar(mag, nl.subtract, 4.0, op1=nl.maximum, operand1=0.0)
+    over6 = nisa.tensor_scalar(mag, nl.subtract, 6.0, op1=nl.maximum, operand1=0.0)
+    v = nisa.tensor_tensor(mag, over4, nl.add)
+    v = nisa.tensor_scalar(v, nl.multiply, 0.5)
+    v = nisa.tensor_tensor(v, over6, nl.add)
+    return nisa.tensor_tensor(v, sign, nl.multiply, dtype=dtype)
+
+
+def transpose_halves(lo_rows, hi_rows, kb):
+    """x^T tiles of the even / odd columns: lists of SBUF [<=128, M] per K tile (Tensor Engine)."""
+    lo_t, hi_t = [], []
+    for k0 in nl.static_range(0, kb, K_ROWS):
+        kr = min(K_ROWS, kb - k0)
+        lo_t.append(nl.copy(nisa.nc_transpose(lo_rows[:, k0:k0 + kr])))
+        hi_t.append(nl.copy(nisa.nc_transpose(hi_rows[:, k0:k0 + kr])))
+    return lo_t, hi_t
+
+
+def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype):
+    """PSUM [m, nt] fp32 = x @ W[n0:n0+nt]^T over every K tile (decoded weights in `dtype`)."""
+    kb = w_t.shape[0]
+    rows_per_scale = group // 2
+    acc = nl.zeros((m, nt), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.static_range(len(lo_t)):
+        k0 = kt * K_ROWS
+        kr = min(K_ROWS, kb - k0)
+        s0 = k0 // rows_per_scale
+        sr = -(-kr // rows_per_scale)
+        packed = nl.load(w_t[k0:k0 + kr, n0:n0 + nt])
+        exps = nl.load(s_t[s0:s0 + sr, n0:n0 + nt])
+        # ue8m0 byte e is the bf16 exponent field of 2^(e - 127): bits e << 7
+        scales = nisa.tensor_scalar(exps, nl.left_shift, 7, dtype=nl.uint16).view(nl.bfloat16)
+        scale_rows = nisa.nc_matmul(onehot[0:sr, 0:kr], scales)          # PSUM [kr, nt]: row p = its scale
+        lo = nisa.tensor_scalar(packed, nl.bitwise_and, 15, dtype=nl.int32)
+        hi = nisa.tensor_scalar(packed, nl.right_shift, 4, dtype=nl.int32)
+        w_lo = nisa.tensor_tensor(decode_e2m1(lo, nl.float32), scale_rows, nl.multiply, dtype=dtype)
+        w_hi = nisa.tensor_tensor(decode_e2m1(hi, nl.float32), scale_rows, nl.multiply, dtype=dtype)
+        acc += nisa.nc_matmul(lo_t[kt], w_lo)
+        acc += nisa.nc_matmul(hi_t[kt], w_hi)
+    return acc
+
+
+@nki.jit
+def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group):
+    m, kb = x_lo.shape
+    n = w_t.shape[1]
+    out = nl.ndarray((m, n), dtype=x_lo.dtype, buffer=nl.shared_hbm)
+    share = -(-n // nl.num_programs(0))
+    n_lo = nl.program_id(0) * share
+    n_hi = min(n, n_lo + share)
+    onehot = nl.load(onehot_in)
+    lo_t, hi_t = transpose_halves(nl.load(x_lo), nl.load(x_hi), kb)
+    for n0 in nl.static_range(n_lo, n_hi, N_TILE):
+        nt = min(N_TILE, n_hi - n0)
+        acc = fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, x_lo.dtype)
+        nl.store(out[:, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
+    return out
