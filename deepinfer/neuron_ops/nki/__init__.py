@@ -1,9 +1,10 @@
-"""NKI kernels of the Neuron path (issue 14) and the CPU interpreter that runs them.
+"""NKI kernels of the Neuron path and the CPU interpreter that runs them (docs/neuron.md §3.6).
 
 - `api`: the `nki` / `nl` / `nisa` modules kernels import: the real NKI 0.x API where installed,
   else `interpreter` (a NumPy implementation of the subset used, enforcing trn2's rules);
 - `kernels/`: the NKI kernels;
-- `ops`: torch wrappers with the references' argument lists, and `last_stats()`;
+- `ops` (GEMMs, experts, rms_norm, swiglu) and `attention_ops` (sink attention, indexer scores, mHC):
+  torch wrappers with the references' argument lists; `ops.last_stats()`;
 - `registry.IMPLEMENTED`: kernel-table name -> wrapper, what `neuron_ops.kernels.kernel` routes to NKI
   (host mode with DEEPINFER_NEURON_KERNELS=simulate: the interpreter; device: `device.py`);
 - `simulation_counts()`: {kernel name: calls} since the process started.

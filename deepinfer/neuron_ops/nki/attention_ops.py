@@ -7,15 +7,16 @@ from typing import Callable, Optional
 
 import torch
 
-from deepinfer.neuron_ops.nki import api
+from deepinfer.neuron_ops.nki import api, ops
 from deepinfer.neuron_ops.nki.kernels.hc import K_TILE, hc_mixes_kernel, hc_post_kernel, hc_pre_kernel
 from deepinfer.neuron_ops.nki.kernels.index_scores import index_scores_kernel
 from deepinfer.neuron_ops.nki.kernels.sink_attention import sink_attention_kernel
 from deepinfer.neuron_ops.nki.ops import _hbm, _run, _torch
 
 
+@ops.wrapper("sink_attention")
 def sink_attention(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float,
-                   p_bf16: Optional[bool] = None) -> torch.Tensor:
+                   *, p_bf16: Optional[bool] = None) -> torch.Tensor:
     """[T, H, D] in q's dtype. P is rounded to bf16 before P.V unless the model runs fp32
     (`p_bf16` overrides: True applies the bf16 rule to fp32 inputs too)."""
     if p_bf16 is None:
@@ -26,6 +27,7 @@ def sink_attention(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sin
     return _torch(out)
 
 
+@ops.wrapper("index_scores")
 def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor,
                  key_scale: float = 1.0) -> torch.Tensor:
     t, heads, _ = q.shape
@@ -44,6 +46,7 @@ def _fn_partition_major(fn: torch.Tensor) -> torch.Tensor:
     return padded.view(chunks, K_TILE, mix).permute(1, 0, 2).contiguous()
 
 
+@ops.wrapper("hc_mixes")
 def hc_mixes(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
              hc_eps: float, iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t, n, dim = x.shape
@@ -53,17 +56,19 @@ def hc_mixes(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch
     return _torch(pre), _torch(post), _torch(comb).view(t, n, n)
 
 
+@ops.wrapper("hc_pre")
 def hc_pre(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return _torch(_run(hc_pre_kernel, 1, _hbm(x.contiguous()), _hbm(pre.float().contiguous())))
 
 
+@ops.wrapper("hc_post")
 def hc_post(x: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     t, n, _ = x.shape
     return _torch(_run(hc_post_kernel, 1, _hbm(x.contiguous()), _hbm(y.contiguous()), _hbm(post.float().contiguous()),
                        _hbm(comb.float().reshape(t, n * n))))
 
 
-# kernel name -> torch wrapper with the reference's arguments (merged into ops.py's registry)
+# kernel name -> torch wrapper with the reference's arguments (part of nki/registry.py IMPLEMENTED)
 IMPLEMENTED_2B: dict[str, Callable] = {
     "sink_attention": sink_attention,
     "index_scores": index_scores,

@@ -2,7 +2,7 @@
 its reference's argument list (deepinfer/neuron_ops/refs PLAIN; extra launch options are keyword-only
 with defaults). `neuron_ops.kernels.kernel` routes exactly these names to NKI; every other name keeps
 its PyTorch reference. Add a name here when its kernel and wrapper exist."""
-from deepinfer.neuron_ops.nki import ops
+from deepinfer.neuron_ops.nki import attention_ops, ops
 
 IMPLEMENTED = {
     "rms_norm": ops.rms_norm,
@@ -11,4 +11,5 @@ IMPLEMENTED = {
     "blockquant_fp8_grouped_gemm": ops.blockquant_fp8_grouped_gemm,
     "blockquant_fp4_gemm": ops.blockquant_fp4_gemm,
     "fp4_static_experts": ops.fp4_static_experts,
+    **attention_ops.IMPLEMENTED_2B,   # sink_attention, index_scores, hc_mixes, hc_pre, hc_post
 }
