@@ -9,7 +9,7 @@
 - device mode: a name with an NKI kernel goes to it through torch-neuronx (nki/device.py, never run
   here) when the real nki and /dev/neuron are present; every other name is the plain reference,
   traced into the region graph and compiled op by op by neuronx-cc.
-`PLANNED_NKI_KERNELS` describes the kernels; IMPLEMENTED says which exist.
+`NKI_KERNELS` describes the kernels; IMPLEMENTED says which exist.
 Every entry has the reference's argument list and output contract. Both MoE names (and both packed
 fp4 MoE names) are the fixed-shape forms in both modes: no bincount / .tolist() on Neuron.
 """
@@ -21,9 +21,11 @@ from deepinfer.neuron_ops import refs
 # Kernels the model calls through the platform, plus the fused SwiGLU the Neuron path adds.
 KERNEL_NAMES = tuple(MODEL_KERNELS) + ("swiglu",)
 
-# kernel name -> the NKI kernel it is to get (issue 14, "NKI kernels for the Neuron path"). Until one
-# is written its name runs as the reference.
-PLANNED_NKI_KERNELS = {
+# kernel name -> what its NKI kernel does. Every one is written (nki/registry.py IMPLEMENTED adds the
+# packed-expert and grouped fp8 forms): host mode runs them in the NumPy interpreter with
+# DEEPINFER_NEURON_KERNELS=simulate, a device through nki/device.py (never run); the rest of the
+# table's names run as their references.
+NKI_KERNELS = {
     "blockquant_fp8_gemm": "fp8 e4m3 32x32-block GEMM: dequantize in SBUF on the vector engine, fp32 PSUM, grid 2",
     "blockquant_fp4_gemm": "fp4 e2m1 1x32-group GEMM (and its grouped expert form), same tiling as fp8",
     "sink_attention": "sparse attention over gathered KV records: sink logit, fp32 online softmax, "
@@ -35,7 +37,7 @@ PLANNED_NKI_KERNELS = {
     "rms_norm": "RMSNorm",
     "swiglu": "SwiGLU with the clamp limit",
 }
-assert set(PLANNED_NKI_KERNELS) <= set(KERNEL_NAMES)
+assert set(NKI_KERNELS) <= set(KERNEL_NAMES)
 
 
 # Every routed-expert call on Neuron is the fixed-shape form, padded step or not.

@@ -92,6 +92,8 @@ def test_device_mode_runs_the_plain_references():
 
 
 def test_planned_nki_kernels_name_table_entries():
-    assert kernels.PLANNED_NKI_KERNELS and set(kernels.PLANNED_NKI_KERNELS) <= set(kernels.KERNEL_NAMES)
+    assert kernels.NKI_KERNELS and set(kernels.NKI_KERNELS) <= set(kernels.KERNEL_NAMES)
+    from deepinfer.neuron_ops.nki.registry import IMPLEMENTED
+    assert set(kernels.NKI_KERNELS) <= set(IMPLEMENTED)   # every described kernel is written
     with pytest.raises(ValueError, match="unknown name"):
         kernels.kernel("flash_attention")
