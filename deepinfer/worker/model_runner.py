@@ -1,6 +1,6 @@
 """ModelRunner: the one entry point of a step, for the engine and the tests alike.
 
-    run(chunks, samples) = prepare -> execute -> sample
+    run(chunks, samples, scores) = prepare -> execute -> score -> sample
 
 - prepare: the strategy picks a bucket, builds the host metadata (padded to the bucket when there is
   one) and moves it to the device;
@@ -10,8 +10,9 @@
 
 A rank that runs the step without sampling (a follower) passes `samples=None` and gets the logits
 only. A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
-its chunk's logits rows, which then take no SampleRequest (layers/token_scores.py). Rows are SeqChunks, so a multi-token decode row (speculative verification) is a chunk with
-num_new > 1 and num_logits > 1, and brings one SampleRequest per logits row.
+its chunk's logits rows, which then take no SampleRequest (layers/token_scores.py). Rows are
+SeqChunks, so a multi-token decode row (speculative verification) is a chunk with num_new > 1 and
+num_logits > 1, and brings one SampleRequest per logits row.
 """
 from __future__ import annotations
 
