@@ -16,6 +16,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.model_executor.layers import moe, quant, quant_gemm
 from deepinfer.model_executor.layers.engram import engram_embed
+from deepinfer.model_executor.memory_report import resident_bytes
 from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table, is_packed
 from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.worker.worker import build_model
@@ -160,13 +161,8 @@ def test_greedy_tokens_are_the_same_packed_or_dense(fixture, request):
 
 
 def _held_bytes(model) -> int:
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        st = t.untyped_storage()
-        if st._cdata not in seen:
-            seen.add(st._cdata)
-            total += st.nbytes()
-    return total
+    """Bytes of every storage the model's parameters and buffers hold, each storage once."""
+    return resident_bytes(model)["total"]
 
 
 def test_packed_model_holds_no_more_than_its_checkpoint_files(tiny_v41_dir):

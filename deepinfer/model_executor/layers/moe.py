@@ -65,22 +65,30 @@ def _grouped_experts(x, idx, weights, w13, w2, limit):
 
 
 def _looped_experts(x, idx, weights, w13, w2, limit):
+    return looped_experts(x, idx, weights, w13.shape[0], lambda e: (w13[e], w2[e]), limit)
+
+
+def looped_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, n_experts: int,
+                   expert_weights, limit: float) -> torch.Tensor:
+    """Each expert that got tokens runs on its rows only. expert_weights(e) -> (w13 [2I, D], w2 [D, I])
+    in x's dtype: stacked dense weights, or a packed expert dequantized for this call
+    (layers/quant_gemm.py). The routing's counts reach the host, so this form is eager only."""
     t, dim = x.shape
     out = torch.zeros(t, dim, dtype=torch.float32, device=x.device)
     flat_e = idx.reshape(-1)
     order = torch.argsort(flat_e, stable=True)
-    counts = torch.bincount(flat_e, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat_e, minlength=n_experts).tolist()
     tok = (order // idx.shape[1])
     wts = weights.reshape(-1)[order]
-    inter = w2.shape[2]
     pos = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
         rows = tok[pos:pos + n]
-        xe = x[rows]
-        gu = xe @ w13[e].t()
-        y = swiglu(gu[:, :inter], gu[:, inter:], limit) @ w2[e].t()
+        w13_e, w2_e = expert_weights(e)
+        inter = w2_e.shape[1]
+        gu = x[rows] @ w13_e.t()
+        y = swiglu(gu[:, :inter], gu[:, inter:], limit) @ w2_e.t()
         out.index_add_(0, rows, y.float() * wts[pos:pos + n, None])
         pos += n
     return out.to(x.dtype)

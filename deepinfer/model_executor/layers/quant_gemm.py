@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.model_executor.layers import quant
-from deepinfer.model_executor.layers.moe import combine_weights, swiglu
+from deepinfer.model_executor.layers.moe import combine_weights, looped_experts, swiglu
 
 # Output rows dequantized per tile: bounds the transient dense tile to TILE_ROWS x K fp32 values.
 TILE_ROWS = 2048
@@ -84,25 +84,8 @@ def fp4_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     counts reach the host). x: [T, D]; w13: uint8 [E, 2I, D/2] (gate rows first); w2: uint8 [E, D, I/2];
     scales uint8 ue8m0 [.., rows, cols / group]; idx / weights: [T, k]."""
     _check_codes("fp4_routed_experts w13", w13)
-    t, dim = x.shape
-    out = torch.zeros(t, dim, dtype=torch.float32, device=x.device)
-    flat_e = idx.reshape(-1)
-    order = torch.argsort(flat_e, stable=True)
-    counts = torch.bincount(flat_e, minlength=w13.shape[0]).tolist()
-    tok = order // idx.shape[1]
-    wts = weights.reshape(-1)[order]
-    inter = w2.shape[2] * 2
-    pos = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = tok[pos:pos + n]
-        g13, g2 = _fp4_expert(w13, w13_scale, w2, w2_scale, e, group, x.dtype)
-        gu = x[rows] @ g13.t()
-        y = swiglu(gu[:, :inter], gu[:, inter:], limit) @ g2.t()
-        out.index_add_(0, rows, y.float() * wts[pos:pos + n, None])
-        pos += n
-    return out.to(x.dtype)
+    return looped_experts(x, idx, weights, w13.shape[0],
+                          lambda e: _fp4_expert(w13, w13_scale, w2, w2_scale, e, group, x.dtype), limit)
 
 
 def fp4_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
