@@ -22,9 +22,10 @@ class ParallelLayout:
     cp: int = 1        # context_parallel_size
     ep: int = 1        # expert_parallel_size
     attn_tp: int = 1   # attention_tp_size (lane size)
+    nnodes: int = 1    # hosts; each runs world_size / nnodes consecutive ranks
 
     def __post_init__(self):
-        for name in ("cp", "ep", "attn_tp"):
+        for name in ("cp", "ep", "attn_tp", "nnodes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -34,6 +35,8 @@ class ParallelLayout:
                              f"the larger must be a multiple of the smaller")
         if self.cp % self.attn_tp:
             raise ValueError(f"attention_tp_size ({self.attn_tp}) must divide context_parallel_size ({self.cp})")
+        if self.world_size % self.nnodes:
+            raise ValueError(f"{self.nnodes} nodes cannot split a world of {self.world_size} ranks evenly")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside a world of {self.world_size}")
 
@@ -44,6 +47,24 @@ class ParallelLayout:
     @property
     def is_driver(self) -> bool:
         return self.rank == 0
+
+    # -- hosts -------------------------------------------------------------------------------
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // self.ranks_per_node
+
+    @property
+    def local_rank(self) -> int:
+        """Index of this rank on its host (its NeuronCore there)."""
+        return self.rank % self.ranks_per_node
+
+    def local_ranks(self) -> list[int]:
+        first = self.node_rank * self.ranks_per_node
+        return list(range(first, first + self.ranks_per_node))
 
     # -- CP / data-parallel attention groups ------------------------------------------------
     @property
