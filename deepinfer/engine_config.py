@@ -99,6 +99,24 @@ class EngineConfig:
              "codes with ue8m0 scales) and are dequantized tile by tile inside the GEMM kernels; "
              "'dense': dequantized once at load; 'auto': the platform's default (packed on neuron and "
              "cuda, dense on cpu)")
+    # One model across ranks (docs/architecture.md §8): world = max(cp, ep) processes, one per device.
+    context_parallel_size: int = _option(
+        1, help="ranks of one CP group: they run the same rows (the driver schedules and samples, the "
+                "others follow); attention heads are sharded over lanes of attention_tp_size of them")
+    expert_parallel_size: int = _option(
+        1, help="ranks the routed experts are sharded over; when larger than context_parallel_size, the "
+                "world has ep / cp CP groups, each running its own share of the step's rows "
+                "(data-parallel attention)")
+    attention_tp_size: int | None = _option(
+        None, value_type=int, default_text="min(context_parallel_size, 8)",
+        help="ranks a lane shards the attention heads over (consecutive ranks of a CP group)")
+    nnodes: int = _option(1, help="hosts the world spans; each runs world / nnodes consecutive ranks")
+    node_rank: int = _option(
+        0, help="this host's index; 0 runs the engine (the driver), the others run `deepinfer follow`")
+    master_addr: str = _option("127.0.0.1", help="address of node 0 (the torch.distributed store)")
+    master_port: int | None = _option(
+        None, value_type=int, default_text="a free port on a single node; required with nnodes > 1",
+        help="TCP port of the torch.distributed store on master_addr")
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -129,6 +147,40 @@ class EngineConfig:
             raise ValueError(f"kv_cache_mode must be one of {_KV_CACHE_MODES}, got {self.kv_cache_mode!r}")
         if self.weight_format not in _WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {_WEIGHT_FORMATS}, got {self.weight_format!r}")
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        _check_int("context_parallel_size", self.context_parallel_size, 1)
+        _check_int("expert_parallel_size", self.expert_parallel_size, 1)
+        _check_int("attention_tp_size", self.attention_tp_size, 1, allow_none=True)
+        _check_int("nnodes", self.nnodes, 1)
+        _check_int("node_rank", self.node_rank, 0)
+        _check_int("master_port", self.master_port, 1, 65535, allow_none=True)
+        if not isinstance(self.master_addr, str) or not self.master_addr:
+            raise ValueError(f"master_addr must be a non-empty host name or address, got {self.master_addr!r}")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes - 1] (nnodes={self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and self.master_port is None:
+            raise ValueError("master_port is required when nnodes > 1: every host must name the same port "
+                             "of node 0's store")
+        self.parallel_layout()   # ParallelLayout checks the sizes against each other
+
+    @property
+    def lane_size(self) -> int:
+        """attention_tp_size, resolved (default: min(context_parallel_size, 8), docs/neuron.md §5.6)."""
+        if self.attention_tp_size is not None:
+            return self.attention_tp_size
+        return min(self.context_parallel_size, 8)
+
+    @property
+    def world_size(self) -> int:
+        return max(self.context_parallel_size, self.expert_parallel_size)
+
+    def parallel_layout(self, rank: int = 0):
+        """The ParallelLayout of global rank `rank` (ValueError for sizes that do not fit together)."""
+        from deepinfer.distributed.parallel_layout import ParallelLayout
+        return ParallelLayout(rank=rank, cp=self.context_parallel_size, ep=self.expert_parallel_size,
+                              attn_tp=self.lane_size, nnodes=self.nnodes)
 
     def resolve(self, model_config) -> EngineConfig:
         """Fill model-dependent defaults and check them against the model; returns self."""
@@ -139,6 +191,7 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be in [2, {max_pos}] (the model's max_position_embeddings), "
                 f"got {self.max_model_len}")
+        self.parallel_layout().check_model(model_config)
         return self
 
 

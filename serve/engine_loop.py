@@ -126,6 +126,17 @@ class EngineLoop:
             self._refresh_stats()
         self._abort_all(deliver=True)
         self._refresh_stats()
+        self._close_engine()
+
+    def _close_engine(self) -> None:
+        """Stop the engine's follower processes (a model on several ranks) on this thread: they were
+        started from it, and die with it (PR_SET_PDEATHSIG)."""
+        try:
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                close()
+        except Exception:  # noqa: BLE001
+            logger.exception("engine close failed")
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrived."""
@@ -198,7 +209,9 @@ class EngineLoop:
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep the loop
             logger.exception("engine step failed")
             self.metrics.count_step_error()
-            if errors_if_this_fails >= MAX_CONSECUTIVE_STEP_ERRORS:
+            if getattr(e, "engine_dead", False):   # a rank of the model is gone: no step can succeed
+                self._die(f"{e}".splitlines()[0])
+            elif errors_if_this_fails >= MAX_CONSECUTIVE_STEP_ERRORS:
                 # mark the engine dead before the failed requests hear about it, so a client that
                 # got the error never sees a still-"alive" engine
                 self._die(f"{errors_if_this_fails} engine steps in a row raised")

@@ -37,6 +37,13 @@ OTHER_VALUES = {
     "kv_cache_memory_bytes": 12345,
     "kv_cache_mode": "compact",
     "weight_format": "packed",
+    "context_parallel_size": 2,
+    "expert_parallel_size": 2,
+    "attention_tp_size": 2,
+    "nnodes": 2,
+    "node_rank": 1,
+    "master_addr": "10.0.0.1",
+    "master_port": 29500,
 }
 
 

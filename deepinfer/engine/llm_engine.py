@@ -92,8 +92,9 @@ class LLMEngine:
         self.model_config = model_config
         engine_config.resolve(model_config)
         if worker is None:
-            from deepinfer.worker.worker import Worker
-            worker = Worker(model_config, engine_config)
+            # one rank: a Worker; several: the driver's, with the followers started (worker/ranks.py)
+            from deepinfer.worker.ranks import start_worker
+            worker = start_worker(model_config, engine_config)
         self.worker = worker
 
         num_blocks, block_size = int(worker.num_kv_blocks), int(worker.block_size)
@@ -117,6 +118,13 @@ class LLMEngine:
         self.last_step_timing: StepTiming | None = None
         self.timing_hook: Callable[[StepTiming], None] | None = None
         self._grammar_compiler = None  # structured_output.GrammarCompiler, built on first use
+
+    def close(self) -> None:
+        """Release the worker's processes (the followers of a multi-rank model); idempotent. The engine
+        takes no step after this."""
+        close = getattr(self.worker, "close", None)
+        if close is not None:
+            close()
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, sampling_params=None,

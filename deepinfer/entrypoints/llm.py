@@ -39,6 +39,16 @@ class LLM:
         llm._request_ids = itertools.count()
         return llm
 
+    def close(self) -> None:
+        """Stop the engine's follower processes (several ranks); also runs at interpreter exit."""
+        self.llm_engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 

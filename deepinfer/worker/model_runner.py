@@ -8,8 +8,11 @@
   real rows' logits are sliced out (padding rows always come after the real rows);
 - sample: the Sampler draws one token per logits row.
 
-A rank that runs the step without sampling (a follower) passes `samples=None` and gets the logits
-only. A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
+A rank that runs the step without sampling passes `samples=None` and gets the logits only. On a
+model spread over ranks (worker/step_fanout.py), `run` is the driver's entry: prepare builds every
+data-parallel group's rows, `publish` hands them to the followers (which run the same `execute`
+from their `follow` loop and never sample), and execute gathers every group's real logits rows back
+into chunk order before the driver scores and samples. A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
 its chunk's logits rows, which then take no SampleRequest (layers/token_scores.py). Rows are
 SeqChunks, so a multi-token decode row (speculative verification) is a chunk with num_new > 1 and
 num_logits > 1, and brings one SampleRequest per logits row.
@@ -57,6 +60,7 @@ class PreparedStep:
     step: StepInputs
     bucket: Bucket | None
     num_logits: int   # real logits rows (the strategy may return more: padding rows)
+    fanout: object = None  # step_fanout.FanoutStep: the whole step's share-out over ranks (None: one rank)
 
 
 @dataclass
@@ -74,21 +78,34 @@ class StepTiming:
 
 
 class ModelRunner:
-    def __init__(self, model, cache, layout, strategy: RunnerStrategy, sampler: Sampler | None = None):
+    def __init__(self, model, cache, layout, strategy: RunnerStrategy, sampler: Sampler | None = None,
+                 fanout=None):
+        """fanout: a step_fanout.StepFanout when the model runs on several ranks."""
         self.model = model
         self.cache = cache
         self.layout = layout
         self.strategy = strategy
         self.sampler = sampler or Sampler()
+        self.fanout = fanout
         self.last_timing = StepTiming()
 
     def prepare(self, chunks: list[SeqChunk]) -> PreparedStep:
+        if self.fanout is not None:
+            return self.fanout.prepare(self.strategy, chunks)
         step, bucket = self.strategy.prepare(chunks)
         return PreparedStep(step, bucket, sum(min(c.num_logits, c.num_new) for c in chunks))
 
+    def publish(self, prepared: PreparedStep) -> None:
+        """Hand the step to the followers (a no-op on one rank)."""
+        if self.fanout is not None:
+            self.fanout.publish(prepared)
+
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
         logits = self.strategy.forward(prepared.step, self.cache, prepared.bucket)
-        return logits[: prepared.num_logits]
+        logits = logits[: prepared.num_logits]
+        if prepared.fanout is not None:
+            logits = self.fanout.gather(prepared, logits)
+        return logits
 
     def sample(self, logits: torch.Tensor, samples: list[SampleRequest]) -> SamplerOutput:
         if len(samples) != logits.shape[0]:
@@ -126,6 +143,7 @@ class ModelRunner:
             scores: list[ScoreRequest] | None = None) -> StepOutput:
         t0 = time.perf_counter()
         prepared = self.prepare(chunks)
+        self.publish(prepared)
         t1 = time.perf_counter()
         logits = self.execute(prepared)
         t2 = time.perf_counter()
@@ -134,6 +152,16 @@ class ModelRunner:
         t3 = time.perf_counter()
         self.last_timing = StepTiming(t1 - t0, t2 - t1, t3 - t2)
         return StepOutput(logits, sampled, scored)
+
+    @torch.inference_mode()
+    def follow(self) -> int:
+        """A follower's loop: run every step the driver publishes through `execute` (the same strategy
+        forward, no sampling) until the driver says stop; returns the number of steps run."""
+        steps = 0
+        while (prepared := self.fanout.receive(self.strategy)) is not None:
+            self.execute(prepared)
+            steps += 1
+        return steps
 
     def warm_up(self) -> int:
         """Build every bucket's graph now (placeholder rows only); returns the number of graphs."""

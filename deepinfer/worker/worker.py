@@ -1,5 +1,6 @@
 """One rank: selects its device through the platform, builds the model and its caches, and holds the
 ModelRunner (worker/model_runner.py) that runs each step; turns scheduled sequences into sampled tokens."""
+import inspect
 import logging
 import time
 
@@ -53,10 +54,36 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     return model
 
 
+def _build_kwargs(parallel) -> dict:
+    """`parallel=` for build_model where it takes one (the sharded model); without it every rank holds
+    the whole model (replicated), which computes the same tokens."""
+    if parallel is None or "parallel" not in inspect.signature(build_model).parameters:
+        return {}
+    return {"parallel": parallel}
+
+
+def kv_pool_blocks(engine_config, block_size: int, bytes_per_block: int) -> int:
+    """KV blocks of the pool: engine_config.num_kv_blocks, else as many as kv_cache_memory_bytes holds
+    (at most what max_num_seqs sequences of max_model_len need), never fewer than one such sequence."""
+    ec = engine_config
+    max_len = int(ec.max_model_len)
+    min_blocks = -(-max_len // block_size) + 1
+    if ec.num_kv_blocks is not None:
+        if int(ec.num_kv_blocks) < min_blocks:
+            raise ValueError(f"num_kv_blocks: must be >= {min_blocks} to hold one max_model_len "
+                             f"({max_len}) sequence plus the scratch block, got {ec.num_kv_blocks}")
+        return int(ec.num_kv_blocks)
+    budget = int(ec.kv_cache_memory_bytes)
+    want = -(-max_len // block_size) * int(ec.max_num_seqs) + 1
+    return max(min_blocks, min(want, budget // max(1, bytes_per_block)))
+
+
 class Worker:
     def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, strategy_cls=None,
-                 platform=None, rank: int = 0, **strategy_kw):
-        """strategy_cls / strategy_kw: a runner strategy other than the platform's (tests)."""
+                 platform=None, rank: int = 0, parallel=None, fanout=None, **strategy_kw):
+        """strategy_cls / strategy_kw: a runner strategy other than the platform's (tests).
+        rank: the local rank (the device index on this host). parallel: the rank's ParallelGroups and
+        fanout its StepFanout (worker/step_fanout.py) when the model runs on several ranks."""
         self.model_config = model_config
         self.engine_config = engine_config
         self.platform = platform or current_platform()
@@ -64,18 +91,21 @@ class Worker:
         # before anything touches the device: on Neuron this picks the rank's core
         self.rank = int(rank)
         self.platform.set_device(self.rank)
+        self.parallel = parallel
+        self.ranks = None   # worker/ranks.py LocalRanks: the follower processes this driver started
         self.dtype = resolve_dtype(engine_config.dtype, model_config)
         self.weight_format = (self.platform.default_weight_format if engine_config.weight_format == "auto"
                               else engine_config.weight_format)
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
                                                                  platform=self.platform,
-                                                                 weight_format=self.weight_format)
+                                                                 weight_format=self.weight_format,
+                                                                 **_build_kwargs(parallel))
         cfg = model_config
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
         self.kv_cache_mode = engine_config.kv_cache_mode
         self.bytes_per_block = cache_engine.bytes_per_block(cfg, self.block_size, self.dtype, self.kv_cache_mode)
-        self.num_kv_blocks = self._num_kv_blocks()
+        self.num_kv_blocks = kv_pool_blocks(engine_config, self.block_size, self.bytes_per_block)
         cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
                                             self.dtype, device=self.platform.device, mode=self.kv_cache_mode,
                                             fp8_max=self.platform.fp8_max)
@@ -88,7 +118,7 @@ class Worker:
         if buckets is not None:
             strategy_kw.setdefault("buckets", buckets)
         strategy = strategy_cls(self.model, layout, platform=self.platform, **strategy_kw)
-        self.runner = ModelRunner(self.model, cache, layout, strategy)
+        self.runner = ModelRunner(self.model, cache, layout, strategy, fanout=fanout)
         self.warmup_s, self.warmup_graphs = 0.0, 0
         if engine_config.warmup_graphs:
             t0 = time.perf_counter()
@@ -97,18 +127,10 @@ class Worker:
             logger.info("warm-up: %d graphs in %.1f s", self.warmup_graphs, self.warmup_s)
         self.eos_ids = list(getattr(cfg, "eos_token_ids", []) or [])
 
-    def _num_kv_blocks(self) -> int:
-        ec = self.engine_config
-        max_len = int(ec.max_model_len)
-        min_blocks = -(-max_len // self.block_size) + 1
-        if ec.num_kv_blocks is not None:
-            if int(ec.num_kv_blocks) < min_blocks:
-                raise ValueError(f"num_kv_blocks: must be >= {min_blocks} to hold one max_model_len "
-                                 f"({max_len}) sequence plus the scratch block, got {ec.num_kv_blocks}")
-            return int(ec.num_kv_blocks)
-        budget = int(ec.kv_cache_memory_bytes)
-        want = -(-max_len // self.block_size) * int(ec.max_num_seqs) + 1
-        return max(min_blocks, min(want, budget // max(1, self.bytes_per_block)))
+    def close(self) -> None:
+        """Stop the follower processes of a multi-rank model (a no-op on one rank); idempotent."""
+        if self.ranks is not None:
+            self.ranks.close(self.runner.fanout)
 
     @property
     def cache(self):
@@ -145,7 +167,11 @@ class Worker:
                                    token_ids=s.seq.token_ids,
                                    num_logits=len(positions) + (1 if s.do_sample else 0)))
         samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
-        out = self.runner.run(chunks, samples, scores or None)
+        if self.ranks is None:
+            out = self.runner.run(chunks, samples, scores or None)
+        else:
+            with self.ranks.guard():   # a follower's death becomes a RankFailure naming it
+                out = self.runner.run(chunks, samples, scores or None)
         for s, req, result in zip(scored_rows, scores, out.scores or ()):
             s.prompt_logprobs = prompt_logprob_entries(req.target_ids, result)
         return out.sampled

@@ -33,7 +33,17 @@ class RunnerStrategy:
 
     def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         """The step's inputs (on the device, or host tensors a strategy copies in itself) and its bucket."""
-        return step_to(build_step_inputs(chunks, self.layout), self.device), None
+        step, bucket = self.prepare_host(chunks)
+        return self.to_device(step, bucket), bucket
+
+    def prepare_host(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
+        """The step's host-built inputs and bucket: what a multi-rank driver publishes to its followers
+        (worker/step_fanout.py) before `to_device`."""
+        return build_step_inputs(chunks, self.layout), None
+
+    def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
+        """The host-built step where `forward` reads it (one copy per step)."""
+        return step_to(step, self.device)
 
     def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         """Logits of every row of `step` (padding rows included)."""

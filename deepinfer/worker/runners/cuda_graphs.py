@@ -119,11 +119,15 @@ class CudaGraphStrategy(RunnerStrategy):
     def _static(self, chunks: list[SeqChunk], bucket: Bucket) -> StepInputs:
         return self.buckets.static_step(chunks, bucket, self.layout, logits_rows=bucket.num_tokens)
 
-    def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
+    def prepare_host(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         bucket = self.select_bucket(chunks)
         if bucket is None:
-            return step_to(build_step_inputs(chunks, self.layout), self.device), None
-        return self._static(chunks, bucket), bucket   # host tensors: forward copies them into the buffers
+            return build_step_inputs(chunks, self.layout), None
+        return self._static(chunks, bucket), bucket
+
+    def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
+        # a graph step stays on the host: forward copies it into the graph's persistent buffers
+        return step_to(step, self.device) if bucket is None else step
 
     def _capture(self, bucket: Bucket, cache) -> _Graph:
         placeholder = self._static([], bucket)

@@ -43,11 +43,14 @@ class NeuronRegionStrategy(RunnerStrategy):
     def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
         return self.buckets.select(chunks)
 
-    def prepare(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
+    def prepare_host(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         bucket = self.select_bucket(chunks)
         step = (build_step_inputs(chunks, self.layout) if bucket is None
                 else self.buckets.static_step(chunks, bucket, self.layout))
-        return step_to(step, self.platform.device), bucket
+        return step, bucket
+
+    def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
+        return step_to(step, self.platform.device)
 
     @torch.inference_mode()
     def warm_up(self, cache) -> int:

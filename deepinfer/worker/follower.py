@@ -1,0 +1,159 @@
+"""A follower rank: `python -m deepinfer.worker.follower` (started by worker/ranks.py), and the first
+rank of another host: `deepinfer follow` (docs/architecture.md §8).
+
+A follower selects its device first (on Neuron: its NeuronCore, before the runtime starts), joins
+the process group, builds its Worker with the driver's KV pool size, maps its host's step ring and
+then runs `ModelRunner.follow`: every step the driver publishes, through the same strategy forward,
+without sampling, until the driver's stop message. Whatever fails is written to the store under the
+rank's key before the process exits, so the driver's error names the rank and carries the traceback.
+
+Launched as a module (a fresh interpreter, like multiprocessing's spawn, but one that never re-imports
+the launcher's `__main__`: an unguarded script or a server entry point stays safe).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def _parent_check(parent_pid: int):
+    def check() -> None:
+        if os.getppid() != parent_pid:
+            raise SystemExit(f"the launcher (pid {parent_pid}) is gone")
+    return check
+
+
+def _open_ring(store, node: int, reader_index: int, check):
+    """Map this host's ring (name and size from the store); the last reader to map it unlinks it."""
+    from deepinfer.distributed import launch
+    from deepinfer.distributed.step_ring import StepRing
+    key = launch.ring_key(node)
+    while not store.check([key]):
+        check()
+        time.sleep(0.02)
+    info = json.loads(store.get(key))
+    ring = StepRing.open(info["name"], info["size"], reader_index)
+    if store.add(launch.ring_mapped_key(node), 1) == ring.num_readers:
+        ring.unlink()
+    return ring
+
+
+def run_follower(rank: int, local_rank: int, parent_pid: int, config: dict) -> int:
+    from deepinfer.distributed import launch
+    launch.set_parent_death_signal()
+    if os.getppid() != parent_pid:   # the launcher died before the signal was armed
+        return 1
+    from deepinfer.config import ModelConfig
+    from deepinfer.engine_config import EngineConfig
+    from deepinfer.platforms import current_platform
+
+    ec = EngineConfig(**config)
+    store = launch.open_store(ec.master_addr, ec.master_port, False, 600.0)
+    check = _parent_check(parent_pid)
+    try:
+        platform = current_platform()
+        platform.set_device(local_rank)   # before anything touches the device
+        store.add(launch.KEY_DEVICE, 1)
+        model_config = ModelConfig.from_pretrained(ec.model)
+        ec.resolve(model_config)
+        from deepinfer.distributed.step_channel import StepChannel
+        from deepinfer.worker.ranks import init_rank
+        from deepinfer.worker.step_fanout import StepFanout
+        from deepinfer.worker.worker import Worker
+        layout, groups, _ = init_rank(ec, rank, local_rank, platform)
+        channel = StepChannel("reader", check=check)
+        worker = Worker(model_config, ec, rank=local_rank, parallel=groups,
+                        fanout=StepFanout(layout, groups, channel), platform=platform)
+        channel.ring = _open_ring(store, layout.node_rank, local_rank - 1, check)
+        store.add(launch.KEY_READY, 1)
+        worker.runner.follow()
+        channel.ring.close()
+    except BaseException:  # noqa: BLE001 - reported to the driver, then the process exits
+        text = traceback.format_exc()
+        sys.stderr.write(f"deepinfer rank {rank}: {text}")
+        launch.report_error(store, rank, f"{text}")
+        return 1
+    finally:
+        launch.destroy_process_group()
+    return 0
+
+
+def run_host(engine_config) -> int:
+    """`deepinfer follow`: the first rank of host node_rank, and the launcher of that host's others."""
+    from deepinfer.config import ModelConfig
+    from deepinfer.distributed import launch
+    from deepinfer.distributed.step_channel import StepChannel
+    from deepinfer.engine_config import EngineConfig
+    from deepinfer.platforms import current_platform
+    from deepinfer.worker.ranks import RENDEZVOUS_TIMEOUT_S, LocalRanks
+    from deepinfer.worker.step_fanout import StepFanout
+    from deepinfer.worker.worker import Worker
+
+    ec = engine_config
+    if ec.node_rank == 0:
+        raise ValueError("node_rank 0 runs the engine (LLM or `deepinfer serve`); `deepinfer follow` is for "
+                         "node_rank >= 1")
+    store = launch.open_store(ec.master_addr, ec.master_port, False, RENDEZVOUS_TIMEOUT_S)
+    rank = ec.node_rank * ec.parallel_layout(0).ranks_per_node
+    ranks = None
+    try:
+        # the driver's config (its KV pool size above all), with this host's own paths
+        driver = json.loads(store.get("deepinfer/config"))
+        driver.update(model=ec.model, tokenizer=ec.tokenizer, node_rank=ec.node_rank)
+        mine = EngineConfig(**driver)
+        _check_same_world(ec, mine)
+        model_config = ModelConfig.from_pretrained(mine.model)
+        mine.resolve(model_config)
+        ranks = LocalRanks(mine, ec.node_rank, store)
+
+        def host_failed(failed_rank: int, code: int) -> None:
+            # on the watchdog thread: tell the driver (own store client), then take this host down
+            client = launch.open_store(ec.master_addr, ec.master_port, False, 10.0)
+            if not client.check([launch.error_key(failed_rank)]):
+                launch.report_error(client, failed_rank, f"rank {failed_rank} on host {ec.node_rank} exited ({code})")
+            os._exit(1)
+
+        ranks.spawn(on_failure=host_failed)
+        platform = current_platform()
+        layout, groups, host_group = ranks.join(platform)
+        channel = StepChannel("host_leader", host_group=host_group, check=ranks.raise_if_failed)
+        worker = Worker(model_config, mine, rank=0, parallel=groups, fanout=StepFanout(layout, groups, channel),
+                        platform=platform)
+        ranks.attach_ring(channel, worker.runner.strategy, layout.dp)
+        store.add(launch.KEY_READY, 1)
+        worker.runner.follow()
+        ranks.close(None)   # the stop message went on to this host's ring with the others
+    except BaseException:  # noqa: BLE001 - reported to the driver
+        text = traceback.format_exc()
+        sys.stderr.write(f"deepinfer rank {rank}: {text}")
+        launch.report_error(store, rank, text)
+        if ranks is not None:
+            ranks.abort()
+        launch.destroy_process_group()
+        return 1
+    return 0
+
+
+def _check_same_world(mine, driver) -> None:
+    for name in ("context_parallel_size", "expert_parallel_size", "attention_tp_size", "nnodes"):
+        if getattr(mine, name) != getattr(driver, name):
+            raise ValueError(f"{name}: this host says {getattr(mine, name)}, the driver {getattr(driver, name)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m deepinfer.worker.follower",
+                                 description="one follower rank (started by the driver or `deepinfer follow`)")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--local-rank", type=int, required=True)
+    ap.add_argument("--parent-pid", type=int, required=True)
+    ap.add_argument("--config", required=True, help="the EngineConfig as JSON")
+    args = ap.parse_args(argv)
+    return run_follower(args.rank, args.local_rank, args.parent_pid, json.loads(args.config))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
