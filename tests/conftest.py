@@ -49,3 +49,14 @@ def tiny_v4_dense_dir(tmp_path_factory):
 def tiny_v41_dir(tmp_path_factory):
     """Tiny V4.1 checkpoint (always fp8/fp4 quantized like the real one)."""
     return _build(tmp_path_factory, "tiny-v41", "v41")
+
+
+@pytest.fixture(autouse=True)
+def no_ring_segment_left():
+    """No test leaves a /dev/shm segment of ours behind (the multi-rank step rings,
+    deepinfer/distributed/step_ring.py): each must be unlinked after any run, abort or crash."""
+    from deepinfer.distributed.step_ring import our_segments
+    before = set(our_segments())
+    yield
+    left = sorted(set(our_segments()) - before)
+    assert not left, f"/dev/shm segments left behind: {left}"

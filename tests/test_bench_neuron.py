@@ -106,8 +106,7 @@ def test_prompts_have_exact_length_are_distinct_and_in_range():
 
 # ---- arguments ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("flag, value, message", [
-    ("--cp", "2", "--cp: context parallelism is not supported"),
-    ("--ep", "4", "--ep: expert parallelism is not supported"),
+    ("--ep", "0", "--cp / --ep: must be >= 1, got 1 / 0"),
     ("--nextn", "1", "--nextn: speculative decoding is not supported"),
     ("--num-prompts", "1", "--num-prompts: must be >= the largest concurrency (2)"),
     ("--concurrency", "0", "expected positive integers"),

@@ -66,8 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--accelerator", choices=("cpu", "cuda", "neuron"), default=None,
                     help="offline: sets DEEPINFER_ACCELERATOR (neuron without a device = host mode); "
                          "server mode: only recorded (the server picked its platform)")
-    ap.add_argument("--cp", type=int, default=1, help="context parallel size (only 1 is supported)")
-    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (only 1 is supported)")
+    ap.add_argument("--cp", type=int, default=1,
+                    help="offline: context_parallel_size (ranks running one batch); server mode: only "
+                         "recorded (pass --context-parallel-size to the server)")
+    ap.add_argument("--ep", type=int, default=1,
+                    help="offline: expert_parallel_size; server mode: only recorded (--expert-parallel-size)")
+    ap.add_argument("--attention-tp-size", type=int, default=None,
+                    help="offline: lane size of the head-sharded attention (default: min(cp, 8))")
     ap.add_argument("--nextn", type=int, default=0, help="speculative draft tokens (only 0 is supported)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     ap.add_argument("--max-model-len", type=int, default=None, help="offline (default: max input + max output)")
@@ -95,12 +100,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    # The engine has no context/expert parallelism or speculative decoding yet: refuse rather than
-    # label cp=1 numbers as something else.
-    if args.cp != 1:
-        raise ValueError(f"--cp: context parallelism is not supported by the engine yet; only 1, got {args.cp}")
-    if args.ep != 1:
-        raise ValueError(f"--ep: expert parallelism is not supported by the engine yet; only 1, got {args.ep}")
+    # The engine has no speculative decoding yet: refuse rather than label nextn=0 numbers as something else.
+    if args.cp < 1 or args.ep < 1:
+        raise ValueError(f"--cp / --ep: must be >= 1, got {args.cp} / {args.ep}")
+    big, small = max(args.cp, args.ep), min(args.cp, args.ep)
+    if big % small:
+        raise ValueError(f"--cp {args.cp} / --ep {args.ep}: the larger must be a multiple of the smaller")
     if args.nextn != 0:
         raise ValueError(f"--nextn: speculative decoding is not supported by the engine yet; only 0, got {args.nextn}")
     if args.num_prompts is not None and args.num_prompts < max(args.concurrency):
@@ -134,6 +139,8 @@ def build_driver(args: argparse.Namespace):
         driver = ServerDriver(args.base_url, args.served_model_name, args.api_key, args.request_timeout,
                               args.temperature, args.seed)
         platform = {"name": args.accelerator, "reported_by": "--accelerator flag (the server does not report it)",
+                    "layout": {"cp": args.cp, "ep": args.ep,
+                               "reported_by": "--cp / --ep flags (the server does not report its layout)"},
                     "server": driver.info()}
         return driver, "deepinfer-server", platform
     from bench_lib.offline import EngineArgs, OfflineDriver
@@ -145,7 +152,8 @@ def build_driver(args: argparse.Namespace):
         max_num_batched_tokens=(args.max_num_batched_tokens
                                 or max(max_conc, _next_pow2(max(args.input_lens) + max_conc))),
         enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature,
-        weight_format=args.weight_format))
+        weight_format=args.weight_format, context_parallel_size=args.cp, expert_parallel_size=args.ep,
+        attention_tp_size=args.attention_tp_size))
     return driver, "deepinfer-offline", driver.platform_info()
 
 
@@ -211,6 +219,8 @@ def main(argv=None) -> int:
     if not args.base_url:
         config["engine"] = dataclasses.asdict(driver.args)
     records = run_matrix(driver, backend, args, prompts, config, platform, versions)
+    if hasattr(driver, "close"):
+        driver.close()   # the offline engine's follower processes
     del driver
 
     base_records = []

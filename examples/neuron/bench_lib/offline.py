@@ -29,6 +29,9 @@ class EngineArgs:
     seed: int
     temperature: float
     weight_format: str = "auto"
+    context_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    attention_tp_size: int | None = None
 
 
 class OfflineDriver:
@@ -45,7 +48,9 @@ class OfflineDriver:
         self.engine = LLMEngine(EngineConfig(
             model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-            enforce_eager=args.enforce_eager, seed=args.seed, weight_format=args.weight_format))
+            enforce_eager=args.enforce_eager, seed=args.seed, weight_format=args.weight_format,
+            context_parallel_size=args.context_parallel_size, expert_parallel_size=args.expert_parallel_size,
+            attention_tp_size=args.attention_tp_size))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()
@@ -53,16 +58,21 @@ class OfflineDriver:
         self._record_buckets()
 
     def _record_buckets(self) -> None:
-        """Count the bucket of every step (wraps this engine's strategy.prepare, nothing else)."""
+        """Count the bucket of every step (wraps this engine's strategy.prepare_host, nothing else; with
+        data-parallel attention each group's share of a step counts once)."""
         strategy = self.engine.worker.runner.strategy
-        prepare = strategy.prepare
+        prepare = strategy.prepare_host
 
         def counting_prepare(chunks):
             step, bucket = prepare(chunks)
             key = "eager" if bucket is None else f"T{bucket.num_tokens}xC{bucket.context}"
             self.step_buckets[key] += 1
             return step, bucket
-        strategy.prepare = counting_prepare
+        strategy.prepare_host = counting_prepare
+
+    def close(self) -> None:
+        """Stop the engine's follower processes (cp / ep > 1)."""
+        self.engine.close()
 
     @property
     def num_graphs(self) -> int | None:
@@ -77,7 +87,18 @@ class OfflineDriver:
                 "runner_strategy": strategy.name, "weight_format": worker.weight_format,
                 "bucket_spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else None,
                 "block_size": worker.block_size, "num_kv_blocks": worker.num_kv_blocks,
-                "model_load_s": self.load_s, "torch_threads": torch.get_num_threads()}
+                "model_load_s": self.load_s, "torch_threads": torch.get_num_threads(),
+                "layout": self.layout_info()}
+
+    def layout_info(self) -> dict:
+        """The ranks the model runs on (docs/architecture.md §8)."""
+        worker = self.engine.worker
+        groups = getattr(worker, "parallel", None)
+        if groups is None:
+            return {"world_size": 1, "cp": 1, "ep": 1, "attention_tp_size": 1, "dp": 1, "nnodes": 1}
+        lay = groups.layout
+        return {"world_size": lay.world_size, "cp": lay.cp, "ep": lay.ep, "attention_tp_size": lay.attn_tp,
+                "dp": lay.dp, "nnodes": lay.nnodes}
 
     def run(self, prompts: list[list[int]], output_len: int, concurrency: int) -> tuple[list[RequestResult], float]:
         from deepinfer.sampling_params import SamplingParams

@@ -1,0 +1,162 @@
+"""One model across ranks (docs/architecture.md §8): real follower processes, a gloo process group and
+the /dev/shm step ring, driven through LLM.generate, `deepinfer follow`, the server and the bench.
+
+Every configuration must give the single-rank tokens, greedy and seeded, for prompts of different
+lengths in one batch. Until the model itself is sharded (build_model(parallel=...)) every rank holds
+the whole model, so equality checks the process side: each rank runs the step it was sent (a wrong
+slot, order or padding changes the tokens: data-parallel groups hold their sequences' KV alone) and
+the driver gets every group's logits back in chunk order. fp32: in bf16 the logits of one row change
+(~0.1) with the batch it shares a GEMM with, even on one rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.distributed.launch import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, num_kv_blocks=40,
+              enforce_eager=True, skip_tokenizer_init=True, dtype="float32")
+PROMPTS = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 7, 12)]
+PARAMS = [SamplingParams(max_tokens=5, temperature=0.0),
+          SamplingParams(max_tokens=5, temperature=0.8, seed=3),
+          SamplingParams(max_tokens=5, temperature=0.0)]
+CONFIGS = {
+    "cp2": dict(context_parallel_size=2),
+    "cp4-lanes2": dict(context_parallel_size=4, attention_tp_size=2),
+    "ep2": dict(expert_parallel_size=2),
+    "ep4": dict(expert_parallel_size=4),
+    "cp2-ep2": dict(context_parallel_size=2, expert_parallel_size=2),
+}
+
+
+def _tokens(llm: LLM) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_v4_dir, tiny_v41_dir):
+    out = {}
+    for kind, path in (("v4", tiny_v4_dir), ("v41", tiny_v41_dir)):
+        with LLM(str(path), **ENGINE) as llm:
+            out[kind] = (str(path), _tokens(llm))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tokens_equal_single_rank(references, kind, name):
+    path, expected = references[kind]
+    with LLM(path, **ENGINE, **CONFIGS[name]) as llm:
+        worker = llm.llm_engine.worker
+        layout = worker.parallel.layout
+        assert layout.world_size == max(layout.cp, layout.ep) == len(worker.ranks.pids) + 1
+        pids = list(worker.ranks.pids.values())
+        assert all(_alive(p) for p in pids)
+        assert _tokens(llm) == expected
+        assert worker.runner.fanout.steps_published >= 5
+    assert not any(_alive(p) for p in pids), "close() left a follower running"
+
+
+def _follow_cmd(model: str, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "deepinfer.cli", "follow", "--model", model, "--nnodes", "2",
+            "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), *extra]
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def test_two_nodes_on_localhost(references):
+    """Two "hosts": this process is node 0 (driver + one spawned rank), `deepinfer follow` is node 1
+    (its first rank + one it spawns). ep=4 over cp=1: four data-parallel groups, two per host, so the
+    step goes over the host broadcast and both hosts' rings, and the logits come back across hosts."""
+    path, expected = references["v41"]
+    port = free_port()
+    node1 = subprocess.Popen(_follow_cmd(path, port, "--expert-parallel-size", "4"), env=_env())
+    try:
+        with LLM(path, **ENGINE, expert_parallel_size=4, nnodes=2, master_port=port) as llm:
+            layout = llm.llm_engine.worker.parallel.layout
+            assert (layout.nnodes, layout.ranks_per_node, layout.dp) == (2, 2, 4)
+            assert _tokens(llm) == expected
+        assert node1.wait(30) == 0   # the stop message reached host 1 and it exited cleanly
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()
+
+
+def test_server_and_bench_with_cp2_ep2(references, tmp_path):
+    """--context-parallel-size / --expert-parallel-size through `python -m serve`: the completions
+    equal the single-rank tokens, bench_neuron.py runs against it, and SIGTERM leaves no child."""
+    from test_server_support import MODEL_NAME, ServerProcess
+    path, expected = references["v4"]
+    srv = ServerProcess(Path(path), "--context-parallel-size", "2", "--expert-parallel-size", "2",
+                        "--dtype", "float32", "--enforce-eager", api_key=None)
+    try:
+        srv.wait_ready()
+        children = srv.child_pids()
+        assert len(children) == 1, children   # world 2: one follower
+        for prompt, params, want in zip(PROMPTS, PARAMS, expected):
+            body = {"model": MODEL_NAME, "prompt": prompt["prompt_token_ids"], "max_tokens": 5,
+                    "temperature": params.temperature}
+            if params.seed is not None:
+                body["seed"] = params.seed
+            r = httpx.post(srv.base + "/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == len(want)
+            assert r.json()["choices"][0]["text"] == _decode(path, want)
+        out = tmp_path / "bench.json"
+        bench = subprocess.run([sys.executable, str(REPO / "examples/neuron/bench_neuron.py"), "--model", path,
+                                "--input-lens", "6", "--output-lens", "3", "--concurrency", "2",
+                                "--num-prompts", "2", "--num-warmups", "0", "--base-url", srv.base,
+                                "--cp", "2", "--ep", "2", "--out", str(out)],
+                               env=_env(), capture_output=True, text=True, timeout=120)
+        assert bench.returncode == 0, bench.stderr[-2000:]
+        rec = json.loads(out.read_text())["records"][0]
+        assert (rec["completed"], rec["failed"]) == (2, 0)
+        assert rec["platform"]["layout"]["cp"] == 2 and rec["platform"]["layout"]["ep"] == 2
+    finally:
+        code = srv.terminate()
+    assert code == 0, srv.read_log()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in children), "the server left a follower behind"
+
+
+def _decode(path: str, ids: list[int]) -> str:
+    from deepinfer.tokenizer import load_tokenizer
+    return load_tokenizer(path).decode(ids)
+
+
+def test_bench_offline_records_the_layout(tiny_v4_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    bench = subprocess.run([sys.executable, str(REPO / "examples/neuron/bench_neuron.py"), "--model",
+                            str(tiny_v4_dir), "--input-lens", "6", "--output-lens", "3", "--concurrency", "2",
+                            "--num-prompts", "2", "--num-warmups", "0", "--accelerator", "cpu",
+                            "--enforce-eager", "--cp", "2", "--ep", "2", "--out", str(out)],
+                           env=_env(), capture_output=True, text=True, timeout=180)
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    rec = json.loads(out.read_text())["records"][0]
+    assert (rec["completed"], rec["failed"]) == (2, 0)
+    assert rec["platform"]["layout"] == {"world_size": 2, "cp": 2, "ep": 2, "attention_tp_size": 2, "dp": 1,
+                                         "nnodes": 1}
+    assert rec["config"]["engine"]["context_parallel_size"] == 2

@@ -1,0 +1,123 @@
+"""Faults of a model on several ranks (worker/ranks.py): a follower killed mid-generation, the driver
+killed, a follower host that cannot start. Real processes; /dev/shm is checked after every test
+(conftest.no_ring_segment_left)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.distributed.launch import free_port
+from deepinfer.worker.ranks import RankFailure
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = dict(max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
+              enforce_eager=True, skip_tokenizer_init=True, dtype="float32")
+LONG = SamplingParams(max_tokens=240, ignore_eos=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while any(_alive(p) for p in pids):
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"still running after {timeout_s} s: {[p for p in pids if _alive(p)]}")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def test_follower_killed_mid_generation(tiny_v4_dir):
+    """ep=2: two data-parallel groups, so the driver waits in the logits all-gather every step when
+    the follower dies; the step raises RankFailure naming rank 1 within 10 s."""
+    llm = LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2)
+    worker = llm.llm_engine.worker
+    pid = worker.ranks.pids[1]
+    killed = []
+
+    def kill_when_generating():
+        while worker.runner.fanout.steps_published < 5:
+            time.sleep(0.01)
+        killed.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_generating)
+    killer.start()
+    try:
+        with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+            llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], LONG, use_tqdm=False)
+        assert time.monotonic() - killed[0] < 10
+        # the engine is dead, and says so at once on the next step
+        with pytest.raises(RankFailure):
+            llm.generate({"prompt_token_ids": [5]}, SamplingParams(max_tokens=1), use_tqdm=False)
+        assert not llm.llm_engine.has_unfinished_requests()   # the failed requests were aborted
+    finally:
+        killer.join()
+        llm.close()
+    assert not _alive(pid)
+
+
+DRIVER = """
+import sys
+from deepinfer import LLM, SamplingParams
+llm = LLM(sys.argv[1], max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
+          enforce_eager=True, skip_tokenizer_init=True, dtype="float32", context_parallel_size=2)
+print("FOLLOWERS", *llm.llm_engine.worker.ranks.pids.values(), flush=True)
+while True:
+    llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=200, ignore_eos=True), use_tqdm=False)
+"""
+
+
+def test_driver_killed_followers_exit(tiny_v4_dir):
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(tiny_v4_dir)], env=_env(), stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("FOLLOWERS"), line
+        followers = [int(p) for p in line.split()[1:]]
+        assert len(followers) == 1 and all(_alive(p) for p in followers)
+        time.sleep(1.0)   # generating
+        proc.kill()
+        proc.wait()
+        assert _wait_gone(followers, 10.0) < 10.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_follower_host_with_a_missing_checkpoint_fails_the_start(tiny_v4_dir, tmp_path):
+    """Host 1 (`deepinfer follow`) names a checkpoint that is not there: the driver's LLM(...) fails
+    with that host's error, and host 1 exits."""
+    port = free_port()
+    missing = tmp_path / "no-such-checkpoint"
+    node1 = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "follow", "--model", str(missing),
+                              "--expert-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+                              "--master-port", str(port)], env=_env(), stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match=r"(?s)rank 1 failed:.*no-such-checkpoint"):
+            LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2, nnodes=2, master_port=port)
+        assert time.monotonic() - t0 < 60
+        assert node1.wait(20) == 1
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()
