@@ -29,7 +29,7 @@ ENGINE = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, num_k
 PROMPTS = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 7, 12)]
 PARAMS = [SamplingParams(max_tokens=5, temperature=0.0),
           SamplingParams(max_tokens=5, temperature=0.8, seed=3),
-          SamplingParams(max_tokens=5, temperature=0.0)]
+          SamplingParams(max_tokens=5, temperature=0.0, prompt_logprobs=1)]
 CONFIGS = {
     "cp2": dict(context_parallel_size=2),
     "cp4-lanes2": dict(context_parallel_size=4, attention_tp_size=2),
@@ -39,8 +39,16 @@ CONFIGS = {
 }
 
 
+def _run(llm: LLM):
+    """Each prompt's tokens, and the third one's prompt logprobs ({token: logprob} per position): scored
+    rows come back from the ranks in chunk order like the sampled ones."""
+    outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    scored = [{t: lp.logprob for t, lp in pos.items()} for pos in outs[2].prompt_logprobs[1:]]
+    return [list(o.outputs[0].token_ids) for o in outs], scored
+
+
 def _tokens(llm: LLM) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    return _run(llm)[0]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +56,7 @@ def references(tiny_v4_dir, tiny_v41_dir):
     out = {}
     for kind, path in (("v4", tiny_v4_dir), ("v41", tiny_v41_dir)):
         with LLM(str(path), **ENGINE) as llm:
-            out[kind] = (str(path), _tokens(llm))
+            out[kind] = (str(path), *_run(llm))
     return out
 
 
@@ -63,14 +71,18 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("kind", ["v4", "v41"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tokens_equal_single_rank(references, kind, name):
-    path, expected = references[kind]
+    path, expected, expected_scores = references[kind]
     with LLM(path, **ENGINE, **CONFIGS[name]) as llm:
         worker = llm.llm_engine.worker
         layout = worker.parallel.layout
         assert layout.world_size == max(layout.cp, layout.ep) == len(worker.ranks.pids) + 1
         pids = list(worker.ranks.pids.values())
         assert all(_alive(p) for p in pids)
-        assert _tokens(llm) == expected
+        tokens, scores = _run(llm)
+        assert tokens == expected
+        assert [sorted(s) for s in scores] == [sorted(s) for s in expected_scores]
+        for got, want in zip(scores, expected_scores):
+            assert all(abs(got[t] - want[t]) < 1e-4 for t in want)
         assert worker.runner.fanout.steps_published >= 5
     assert not any(_alive(p) for p in pids), "close() left a follower running"
 
@@ -88,7 +100,7 @@ def test_two_nodes_on_localhost(references):
     """Two "hosts": this process is node 0 (driver + one spawned rank), `deepinfer follow` is node 1
     (its first rank + one it spawns). ep=4 over cp=1: four data-parallel groups, two per host, so the
     step goes over the host broadcast and both hosts' rings, and the logits come back across hosts."""
-    path, expected = references["v41"]
+    path, expected, _ = references["v41"]
     port = free_port()
     node1 = subprocess.Popen(_follow_cmd(path, port, "--expert-parallel-size", "4"), env=_env())
     try:
@@ -107,7 +119,7 @@ def test_server_and_bench_with_cp2_ep2(references, tmp_path):
     """--context-parallel-size / --expert-parallel-size through `python -m serve`: the completions
     equal the single-rank tokens, bench_neuron.py runs against it, and SIGTERM leaves no child."""
     from test_server_support import MODEL_NAME, ServerProcess
-    path, expected = references["v4"]
+    path, expected, _ = references["v4"]
     srv = ServerProcess(Path(path), "--context-parallel-size", "2", "--expert-parallel-size", "2",
                         "--dtype", "float32", "--enforce-eager", api_key=None)
     try:
