@@ -311,6 +311,10 @@ def start_worker(model_config, engine_config, platform=None) -> Worker:
     if ec.node_rank != 0:
         raise ValueError(f"node_rank {ec.node_rank}: the engine runs on node 0; run `deepinfer follow` "
                          f"on the other hosts")
+    import torch.distributed as dist
+    if dist.is_initialized():
+        raise RuntimeError("this process already belongs to a torch.distributed process group (another "
+                           "multi-rank engine?): one per process; close the other engine first")
     platform = platform or current_platform()
     ec = fixed_pool_config(model_config, ec)
     store = launch.open_store(ec.master_addr, ec.master_port, True, RENDEZVOUS_TIMEOUT_S)

@@ -96,8 +96,9 @@ class Worker:
         self.dtype = resolve_dtype(engine_config.dtype, model_config)
         self.weight_format = (self.platform.default_weight_format if engine_config.weight_format == "auto"
                               else engine_config.weight_format)
+        progress = parallel is None or parallel.layout.is_driver   # one progress bar per model, not per rank
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
-                                                                 platform=self.platform,
+                                                                 progress=progress, platform=self.platform,
                                                                  weight_format=self.weight_format,
                                                                  **_build_kwargs(parallel))
         cfg = model_config
