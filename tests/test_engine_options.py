@@ -217,3 +217,29 @@ def test_python_m_serve_still_works():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "usage: python -m serve" in out.stdout and "--kv-cache-mode" in out.stdout
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(context_parallel_size=3, expert_parallel_size=2), "the larger must be a multiple of the smaller"),
+    (dict(context_parallel_size=4, attention_tp_size=3), "attention_tp_size (3) must divide context_parallel_size (4)"),
+    (dict(nnodes=2, context_parallel_size=2), "master_port is required when nnodes > 1"),
+    (dict(nnodes=2, master_port=29500, context_parallel_size=3), "2 nodes cannot split a world of 3 ranks"),
+    (dict(node_rank=1), "node_rank must be in [0, nnodes - 1]"),
+    (dict(context_parallel_size=0), "context_parallel_size must be an integer >= 1"),
+    (dict(master_port=70000), "master_port must be an integer in [1, 65535]"),
+])
+def test_parallel_options_reject_bad_combinations(options, message):
+    with pytest.raises(ValueError) as e:
+        EngineConfig(model=MODEL, **options)
+    assert message in str(e.value)
+
+
+def test_parallel_options_are_checked_against_the_model():
+    from model_helpers import tiny_config
+    cfg = tiny_config("v41")   # 8 heads, 8 routed experts (4 in the draft layers)
+    assert EngineConfig(model=MODEL, context_parallel_size=16).lane_size == 8   # default min(cp, 8)
+    with pytest.raises(ValueError, match="attention_tp_size 16 must divide num_heads"):
+        EngineConfig(model=MODEL, context_parallel_size=16, attention_tp_size=16).resolve(cfg)
+    with pytest.raises(ValueError, match="expert_parallel_size 16 must divide n_routed_experts"):
+        EngineConfig(model=MODEL, expert_parallel_size=16).resolve(cfg)
+    EngineConfig(model=MODEL, context_parallel_size=2, expert_parallel_size=4, attention_tp_size=2).resolve(cfg)

@@ -9,8 +9,9 @@ of the host read every message in order. Layout of the segment:
 Message n (from 1) goes to slot (n - 1) % num_slots. The writer fills the payload and the length, and
 writes seq last; a reader waits for its slot's seq to equal n, copies the payload out, then marks n
 consumed. The writer waits until every reader has consumed n - num_slots before reusing a slot, so a
-slow reader holds the writer back instead of losing a step. (x86 keeps stores in order, which is what
-makes "seq written last" a publication; every trn2 host is x86.)
+slow reader holds the writer back instead of losing a step. "seq written last" publishes the slot
+because x86 (TSO) makes stores visible in program order; a host with a weaker memory model would need
+a fence between the payload and the seq.
 
 The segment's name is random (never derived from a pid: a spawned child does not share its parent's)
 and travels through the torch.distributed store; `open` asserts the size and geometry it finds. The
