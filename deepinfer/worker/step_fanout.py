@@ -26,6 +26,7 @@ from deepinfer.distributed import comm
 from deepinfer.distributed.step_codec import (KIND_SHUTDOWN, KIND_STEP, GroupStep, StepMessage, decode,
                                               to_bytes)
 from deepinfer.model_executor.forward_meta import SeqChunk
+from deepinfer.model_executor.static_step import Bucket, pad_chunks
 from deepinfer.worker.model_runner import PreparedStep
 
 # Extra bytes per ring slot beyond the largest measured step (JSON lengths vary with the numbers).
@@ -43,12 +44,9 @@ def _logit_rows(chunks: list[SeqChunk]) -> int:
     return sum(min(c.num_logits, c.num_new) for c in chunks)
 
 
-def _placeholder(n: int) -> SeqChunk:
-    return SeqChunk(slot=0, ctx_len=0, num_new=n, block_table=[0], token_ids=[0] * n, num_logits=0)
-
-
 def split_groups(chunks: list[SeqChunk], dp: int) -> tuple[list[list[SeqChunk]], list[list[int]]]:
-    """Each group's chunks padded to equal token counts, and the chunk indices of its real chunks.
+    """Each group's chunks padded to equal token counts with placeholder chunks (static_step.pad_chunks:
+    scratch slot 0, no logits), and the chunk indices of its real chunks.
 
     A decode-only step stays decode-shaped: groups are padded with one-token placeholder rows to the
     largest group's row count, so every group selects the same row bucket. A step with a prompt chunk
@@ -63,7 +61,7 @@ def split_groups(chunks: list[SeqChunk], dp: int) -> tuple[list[list[SeqChunk]],
         index[c.slot % dp].append(i)
     if all(c.num_new == 1 for c in chunks):
         rows = max(len(g) for g in per)
-        return [g + [_placeholder(1) for _ in range(rows - len(g))] for g in per], index
+        return [pad_chunks(g, Bucket(num_seqs=rows, num_tokens=rows)) for g in per], index
     tokens = [sum(c.num_new for c in g) for g in per]
     target = max(tokens)
     # a group whose placeholder would be shorter than 2 tokens and holds only decode rows would pick a
@@ -71,7 +69,7 @@ def split_groups(chunks: list[SeqChunk], dp: int) -> tuple[list[list[SeqChunk]],
     short = [target - t for g, t in zip(per, tokens) if all(c.num_new == 1 for c in g)]
     if short and min(short) < 2:
         target += 2 - min(short)
-    return [g + ([_placeholder(target - t)] if target > t else []) for g, t in zip(per, tokens)], index
+    return [pad_chunks(g, Bucket(num_seqs=len(g) + (target > t), num_tokens=target)) for g, t in zip(per, tokens)], index
 
 
 class StepFanout:
