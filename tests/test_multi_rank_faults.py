@@ -75,28 +75,51 @@ def test_follower_killed_mid_generation(tiny_v4_dir):
 
 
 DRIVER = """
-import sys
+import atexit, os, sys
 from deepinfer import LLM, SamplingParams
+followers = []
+# registered before the engine's own handler, so it runs after it (atexit is last in, first out)
+atexit.register(lambda: print("AT_EXIT_RUNNING", [p for p in followers if os.path.exists(f"/proc/{p}")], flush=True))
 llm = LLM(sys.argv[1], max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
           enforce_eager=True, skip_tokenizer_init=True, dtype="float32", context_parallel_size=2)
-print("FOLLOWERS", *llm.llm_engine.worker.ranks.pids.values(), flush=True)
+followers += llm.llm_engine.worker.ranks.pids.values()
+print("FOLLOWERS", *followers, flush=True)
 while True:
     llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=200, ignore_eos=True), use_tqdm=False)
+    if sys.argv[2] == "once":
+        break   # exit without llm.close(): atexit stops the followers
 """
 
 
-def test_driver_killed_followers_exit(tiny_v4_dir):
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(tiny_v4_dir)], env=_env(), stdout=subprocess.PIPE,
+def _start_driver(model, mode: str):
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(model), mode], env=_env(), stdout=subprocess.PIPE,
                             text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("FOLLOWERS"), line
+    followers = [int(p) for p in line.split()[1:]]
+    assert len(followers) == 1 and all(_alive(p) for p in followers)
+    return proc, followers
+
+
+def test_driver_killed_followers_exit(tiny_v4_dir):
+    proc, followers = _start_driver(tiny_v4_dir, "loop")
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("FOLLOWERS"), line
-        followers = [int(p) for p in line.split()[1:]]
-        assert len(followers) == 1 and all(_alive(p) for p in followers)
         time.sleep(1.0)   # generating
         proc.kill()
         proc.wait()
         assert _wait_gone(followers, 10.0) < 10.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_exit_without_close_stops_followers(tiny_v4_dir):
+    proc, followers = _start_driver(tiny_v4_dir, "once")
+    try:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        assert "AT_EXIT_RUNNING []" in out   # the engine's atexit close stopped and reaped them
     finally:
         if proc.poll() is None:
             proc.kill()
