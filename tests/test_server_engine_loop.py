@@ -162,6 +162,33 @@ def test_repeated_step_errors_kill_the_engine():
     asyncio.run(scenario())
 
 
+class _LostRankEngine(FakeEngine):
+    """A multi-rank engine whose follower died: the step raises worker/ranks.py RankFailure; close()
+    is what the engine thread calls on its way out."""
+    closed = 0
+
+    def step(self):
+        from deepinfer.worker.ranks import RankFailure
+        raise RankFailure("a rank of the model failed: rank 1 (pid 42) was killed by SIGKILL")
+
+    def close(self):
+        type(self).closed += 1
+
+
+def test_a_lost_rank_kills_the_engine_at_once_and_stop_closes_it():
+    async def scenario():
+        loop = await _started_loop(_LostRankEngine)
+        try:
+            with pytest.raises(APIError) as e:
+                await _generate(loop, "r", [1, 2])
+            assert e.value.status == 500 and "rank 1" in e.value.message
+            assert loop.dead and "rank 1" in loop.dead_reason   # one failed step, not three
+        finally:
+            loop.stop()
+        assert _LostRankEngine.closed == 1
+    asyncio.run(scenario())
+
+
 def test_drain_aborts_what_is_left_after_the_timeout():
     async def scenario():
         loop = await _started_loop()
