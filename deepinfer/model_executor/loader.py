@@ -303,7 +303,10 @@ def _bind_scales(names: dict[str, _Stored]) -> tuple[dict[str, _Stored], dict[st
     return tensors, scales
 
 
-def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtype]], hint) -> list[_Item]:
+def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtype]], hint,
+          skip: frozenset = frozenset(), partial: bool = False) -> list[_Item]:
+    """skip: stored tensors not to load (the caller fills them); partial: `expected` is a subset, so the
+    checkpoint's other tensors are not errors."""
     tensors, scales = _bind_scales(names)
 
     items: list[_Item] = []
@@ -383,7 +386,7 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
     has_mtp = any(n.startswith("mtp.") for n in expected)
     extra = []
     for name, st in tensors.items():
-        if name in used:
+        if name in used or name in skip or partial:
             continue
         if name.startswith("mtp.") and (not has_mtp or _MTP_OPTIONAL.match(name)):
             continue  # drafting tensors the model does not build (V4 MTP; DSpark head copies)
@@ -480,13 +483,15 @@ def stored_formats(model_dir: str | Path) -> dict:
 
 
 def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torch.dtype | None = None,
-                 progress: bool = True) -> dict[str, torch.Tensor]:
+                 progress: bool = True, skip=(), partial: bool = False) -> dict[str, torch.Tensor]:
     """Read, rename and dequantize a checkpoint into {canonical name: dense tensor}.
 
     expected: canonical name -> anything with `.shape` and `.dtype` (a tensor, a meta tensor, or a
     `(shape, dtype)` tuple such as `tiny_checkpoint.expected_tensor_specs(cfg)`).
     dtype: output dtype of float tensors; the fp32 tensors of docs/model.md §2.1 stay fp32. None keeps
     each expected tensor's own dtype. Integer tensors (tid2eid) take the expected dtype.
+    skip: canonical names the checkpoint stores that are not read (e.g. Engram tables mapped from
+    shared memory, distributed/shared_tables.py); partial: load only `expected`, whatever else is stored.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -494,7 +499,7 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
     specs = {name: _spec(v) for name, v in expected.items()}
     names, _ = _canonical_names(_scan(model_dir))
     hint = _block_hint(model_dir)
-    items = _plan(names, specs, hint)
+    items = _plan(names, specs, hint, frozenset(skip), partial)
 
     out: dict[str, torch.Tensor] = {}
     handles: dict[str, Any] = {}
@@ -533,19 +538,24 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
 
 
 def load_checkpoint(model: torch.nn.Module, model_dir: str | Path, dtype: torch.dtype | None = None,
-                    progress: bool = True) -> dict[str, float]:
+                    progress: bool = True, skip=()) -> dict[str, float]:
     """Fill `model` (its state_dict names are the canonical names) from `model_dir`.
 
     Each tensor takes the model's own dtype unless `dtype` is given (then §2.1 fp32 tensors stay fp32).
     Meta-device models are materialized by assignment. Calls `model.post_load()` afterwards if the model
     has one (e.g. to stack expert weights). Returns {"tensors", "elements", "seconds"}.
+    skip: state_dict names left as the model holds them (and not read from the checkpoint).
     """
     started = time.perf_counter()
-    expected = model.state_dict(keep_vars=True)
-    weights = load_weights(model_dir, expected, dtype=dtype, progress=progress)
+    skip = frozenset(skip)
+    expected = {k: v for k, v in model.state_dict(keep_vars=True).items() if k not in skip}
+    weights = load_weights(model_dir, expected, dtype=dtype, progress=progress, skip=skip)
     on_meta = any(t.is_meta for t in expected.values())
     with torch.no_grad():
-        model.load_state_dict(weights, strict=True, assign=on_meta or dtype is not None)
+        result = model.load_state_dict(weights, strict=not skip, assign=on_meta or dtype is not None)
+    if skip and (set(result.missing_keys) != skip or result.unexpected_keys):
+        raise ValueError(f"load_checkpoint: skip names {sorted(skip - set(result.missing_keys))} are not "
+                         f"tensors of the model")
     if hasattr(model, "post_load"):
         model.post_load()
     return {"tensors": len(weights), "elements": sum(math.prod(t.shape) for t in weights.values()),

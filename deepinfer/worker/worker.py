@@ -32,11 +32,13 @@ def resolve_dtype(dtype, model_config) -> torch.dtype:
 
 
 def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool = True,
-                platform=None, weight_format: str = "dense") -> DeepseekV4Model:
+                platform=None, weight_format: str = "dense", shared_tables=None) -> DeepseekV4Model:
     """The model with its checkpoint loaded. weight_format "packed": every tensor the checkpoint stores
     quantized (fp8 / fp4 codes with ue8m0 scales) stays in that form (layers/packed_weights.py), in
     the bytes the platform's kernels read; "dense": dequantized once, here. The model is built on the
-    meta device and materialized by the loader, so no weight is allocated twice."""
+    meta device and materialized by the loader, so no weight is allocated twice.
+    shared_tables (distributed/shared_tables.py SharedEngramTables): the Engram tables are mapped from
+    the host's shared memory instead of loaded (several ranks on one host)."""
     from deepinfer.model_executor.loader import load_checkpoint, stored_formats
     if weight_format not in ("packed", "dense"):
         raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
@@ -44,9 +46,13 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     with torch.device("meta"):
         model = DeepseekV4Model(model_config, dtype, platform=platform)
     model.use_weight_formats(formats)
-    load_checkpoint(model, model_dir, dtype, progress=progress)  # also runs model.post_load()
+    skip = shared_tables.names(model) if shared_tables is not None else ()
+    load_checkpoint(model, model_dir, dtype, progress=progress, skip=skip)  # also runs model.post_load()
+    if shared_tables is not None:
+        shared_tables.attach(model, model_dir, platform)
     if platform is not None:
-        model.map_fp8_codes(platform.fp8_weight_codes)
+        convert = platform.fp8_weight_codes
+        model.map_fp8_codes(convert if shared_tables is None else shared_tables.keep_shared(convert))
     model.eval()
     if platform is not None and platform.device.type != "cpu":
         model.to(platform.device)
