@@ -43,19 +43,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _strategy(model, layout, kind: str):
+def _strategy(platform, kind: str, regions=None):
     from deepinfer.worker.runners import EagerStrategy
     if kind == "eager":
         return EagerStrategy, {}
-    from deepinfer.platforms.neuron.platform import NeuronPlatform
-    from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
     from deepinfer.model_executor.static_step import BucketSpec
-    platform = NeuronPlatform()
-    buckets = BucketSpec(batch=(1, 2, 4), contexts=(64,), prefill_tokens=(32,), max_model_len=64)
-    return NeuronRegionStrategy, {"platform": platform, "buckets": buckets}
+    from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
+    buckets = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=(16,), max_model_len=64)
+    return NeuronRegionStrategy, {"platform": platform, "buckets": buckets, "regions": regions}
 
 
-def drive(model, job: Job, prompts: list[list[int]], platform=None) -> dict:
+def drive(model, job: Job, prompts: list[list[int]], platform=None, regions=None) -> dict:
     """The job's steps on one model (one rank's, or the whole one): logits per step, tokens."""
     from deepinfer.distributed import comm
     from deepinfer.model_executor.forward_meta import SeqChunk
@@ -68,7 +66,7 @@ def drive(model, job: Job, prompts: list[list[int]], platform=None) -> dict:
     layout = cache_layout(cfg, n + 1, bs, model.engram_spec)
     cache = allocate_cache(cfg, n + 1, 1 + n * blocks_each, bs, torch.float32,
                            fp8_max=platform.fp8_max if platform is not None else 448.0)
-    cls, kw = _strategy(model, layout, job.strategy)
+    cls, kw = _strategy(platform, job.strategy, regions)
     runner = ModelRunner(model, cache, layout, cls(model, layout, **kw))
     tokens = [list(p) for p in prompts]
     done = [0] * n
@@ -96,17 +94,41 @@ def _load(job: Job, parallel=None):
     platform = None
     if job.strategy == "neuron":
         from deepinfer.platforms.neuron.platform import NeuronPlatform
-        platform = NeuronPlatform()
+        platform = NeuronPlatform(host=True)
     cfg = ModelConfig.from_pretrained(job.ckpt)
     model = build_model(cfg, job.ckpt, torch.float32, progress=False, platform=platform,
                         weight_format=job.weight_format, parallel=parallel)
     return model, platform
 
 
+_MODELS: dict = {}
+
+
 def reference(job: Job) -> list[dict]:
-    """One rank, the whole model: the run of each data-parallel group's prompts."""
-    model, platform = _load(job)
-    return [drive(model, job, prompts, platform) for prompts in job.prompts]
+    """One rank, the whole model: the run of each data-parallel group's prompts (models are cached per
+    checkpoint, weight format and strategy)."""
+    key = (job.ckpt, job.weight_format, job.strategy)
+    if key not in _MODELS:
+        _MODELS.clear()   # one whole model at a time
+        model, platform = _load(job)
+        _MODELS[key] = model, platform, platform.region_runner() if job.strategy == "neuron" else None
+    model, platform, regions = _MODELS[key]
+    return [drive(model, job, prompts, platform, regions) for prompts in job.prompts]
+
+
+def expected_collectives(job: Job, num_layers: int, rows: int, dim: int) -> list[tuple]:
+    """(op, group size) of one decode step by the design (docs/neuron.md §5.5, §5.6): per decoder
+    layer one lane all-reduce of the attention output, then the MoE's combine (an all-reduce when
+    the tokens are replicated in the EP group, else the dispatch all-gather and the reduce-scatter)."""
+    per_layer = []
+    if job.attn_tp > 1:
+        per_layer.append(("all_reduce", job.attn_tp, rows * dim * 4))
+    if job.ep > 1:
+        if job.ep <= job.cp:
+            per_layer.append(("all_reduce", job.ep, rows * dim * 4))
+        else:
+            per_layer += [("all_gather", job.ep, None), ("reduce_scatter", job.ep, job.ep * rows * dim * 4)]
+    return per_layer * num_layers
 
 
 def _child(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> None:
