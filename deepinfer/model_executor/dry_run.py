@@ -85,9 +85,10 @@ def build_rank_model(cfg, groups: ParallelGroups, dtype=torch.bfloat16, platform
 
 
 def shard_signature(model, layout: ParallelLayout) -> tuple:
-    """What decides a rank's step: its tensors and its place in the groups (driver, DP leader)."""
+    """What decides a rank's step: its tensors (names, shapes, dtypes) and the sizes of its groups (the
+    model code never branches on a rank's index, only on what it holds and whom it talks to)."""
     tensors = tuple((n, tuple(t.shape), t.dtype) for n, t in mr.model_tensors(model).items())
-    return (tensors, layout.is_driver, layout.rank in layout.dp_leaders())
+    return (tensors, layout.cp, layout.attn_tp, layout.ep, layout.tokens_replicated_in_ep)
 
 
 # ---------------------------------------------------------------------------------------------
