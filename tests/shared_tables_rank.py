@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from deepinfer.config import ModelConfig
+from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.parallel_layout import ParallelLayout
 from deepinfer.distributed.shared_tables import SharedEngramTables
 from deepinfer.platforms import make_platform
@@ -50,7 +51,9 @@ def engram_outputs(model, seed: int = 0) -> dict:
 
 def main(rank, world, model_dir, out_dir, platform, weight_format, mode, timeout_s):
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-    layout = ParallelLayout(rank=rank, cp=world)
+    # two ranks: a really split model (lanes of 2, experts over 2); three: cp = 3, nothing split
+    layout = ParallelLayout(rank=rank, cp=world, ep=2, attn_tp=2) if world == 2 else ParallelLayout(rank, cp=world)
+    groups = ParallelGroups.create(layout, "gloo")
     tables = SharedEngramTables.for_layout(layout, timeout_s=timeout_s)
     last = rank == world - 1
     if mode == "die_before_map" and last:
@@ -58,7 +61,7 @@ def main(rank, world, model_dir, out_dir, platform, weight_format, mode, timeout
     cfg = ModelConfig.from_pretrained(model_dir)
     try:
         model = build_model(cfg, model_dir, torch.float32, progress=False, platform=make_platform(platform),
-                            weight_format=weight_format, shared_tables=tables)
+                            weight_format=weight_format, parallel=groups, shared_tables=tables)
     except RuntimeError as e:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
             f.write(str(e))

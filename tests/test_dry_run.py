@@ -162,10 +162,14 @@ def test_floor_estimate_arithmetic():
 def test_read_counter_counts_gathered_rows_and_each_weight_once():
     emb = torch.zeros(1000, 16, device="meta")
     w = torch.zeros(32, 16, device="meta")
+    v = torch.zeros(8, 16, dtype=torch.bfloat16, device="meta")     # read by a dtype-converting copy
+    u = torch.zeros(8, 16, device="meta")                            # only aliased: read nothing
     cache = torch.zeros(64, 16, device="meta")
-    cats = {emb.untyped_storage()._cdata: "weights", w.untyped_storage()._cdata: "weights",
-            cache.untyped_storage()._cdata: "kv"}
-    with dr.ReadCounter(cats) as c:
+    cats = {t.untyped_storage()._cdata: "weights" for t in (emb, w, v, u)}
+    cats[cache.untyped_storage()._cdata] = "kv"
+    with torch.inference_mode(), dr.ReadCounter(cats) as c:   # as in the forward: composite ops seen too
+        v.to(torch.float32)
+        u.to(torch.float32).contiguous()
         x = emb[torch.zeros(3, dtype=torch.long, device="meta")]      # 3 rows gathered
         y = x @ w.t()                                                    # the whole weight
         y = y + (x @ w.t())                                              # read again: counted once
@@ -173,7 +177,7 @@ def test_read_counter_counts_gathered_rows_and_each_weight_once():
         z = cache[:8].sum()                                              # 8 rows of the cache
     del y, z
     got = c.bytes_by_category()
-    assert got["weights"] == 3 * 16 * 4 + 32 * 16 * 4
+    assert got["weights"] == 3 * 16 * 4 + 32 * 16 * 4 + 8 * 16 * 2
     assert got["kv"] == 8 * 16 * 4
 
 

@@ -30,6 +30,7 @@ import inspect
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from deepinfer.distributed import comm
 from deepinfer.distributed.groups import ParallelGroups
@@ -144,7 +145,9 @@ class ReadCounter(TorchDispatchMode):
 
     A gather (index, index_select, embedding, gather) reads the rows it returns; any other op reads
     the byte range of each tracked input view, counted once per step (ranges merged per storage);
-    views read nothing and arguments an op writes are not reads. Activations are not counted."""
+    an op whose output aliases an input (views) read nothing from it, and arguments an op writes are
+    not reads. Activations are not counted. (Inside the forward's inference_mode the mode also sees
+    composite ops such as matmul and to: whichever op first touches a weight's bytes counts them.)"""
 
     _GATHERS = ("aten.index.Tensor", "aten.index_select.default", "aten.embedding.default",
                 "aten.gather.default", "aten.take.default")
@@ -158,8 +161,9 @@ class ReadCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if getattr(func, "is_view", False):
-            return out
+        # an op returning (a view of) its input read nothing: view ops, and `to` / `contiguous` when
+        # they return self; the schema's alias marks alone would also skip `to`'s real copies
+        aliased = {t.untyped_storage()._cdata for t in tree_leaves(out) if isinstance(t, torch.Tensor)}
         written = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
         named = list(zip((a.name for a in func._schema.arguments), args)) + list(kwargs.items())
         gather = str(func) in self._GATHERS
@@ -169,7 +173,7 @@ class ReadCounter(TorchDispatchMode):
                     continue
                 key = t.untyped_storage()._cdata
                 cat = self.categories.get(key)
-                if cat is None:
+                if cat is None or key in aliased:
                     continue
                 if gather and name in ("self", "weight", "input"):
                     self.gathered[cat] += out.numel() * out.element_size()
