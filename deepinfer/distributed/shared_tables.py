@@ -1,4 +1,4 @@
-"""Engram tables once per host, in shared memory (docs/neuron.md §5.7).
+"""Engram tables once per host, in shared memory (docs/neuron.md §5.9).
 
 V4.1-Flash's two Engram tables are about 12.7 GB packed: one copy per rank would cost every rank more
 than its weights. So the ranks of one host share one copy:
@@ -26,6 +26,7 @@ is applied to the other fp8 weights; the creator applies it to the tables as it 
 """
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import secrets
@@ -41,6 +42,10 @@ SHM_DIR = "/dev/shm"
 SEGMENT_PREFIX = "deepinfer-engram-"
 _ALIGN = 64            # every part of a segment starts on a cache line (and any dtype's alignment)
 _FILLED = b"filled"
+_FAILED = "!"          # a store value starting with this is the creator's error, not a segment name
+# Every rank attaches its tables once per model it builds, in the same order, so a per-process count
+# names each attach's store keys alike on every rank (a second model in the same run gets new keys).
+_attach_count = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,10 @@ class SharedEngramTables:
 
     layout: the rank's ParallelLayout (node_rank, local_rank, ranks_per_node); store: the
     torch.distributed store every rank of the world shares (default: the default group's);
-    timeout_s: how long a rank waits for the others (a rank that never maps fails the creator)."""
+    timeout_s: how long a rank waits for the others (a rank that never maps fails the creator); the
+    default leaves room for ranks that reach `attach` minutes apart after loading their own weights."""
 
-    def __init__(self, layout, store=None, timeout_s: float = 120.0):
+    def __init__(self, layout, store=None, timeout_s: float = 900.0):
         if layout.ranks_per_node < 2:
             raise ValueError("SharedEngramTables: one rank on its host has nothing to share "
                              "(use SharedEngramTables.for_layout, which returns None then)")
@@ -128,7 +134,7 @@ class SharedEngramTables:
         self._shared_ptrs: set[int] = set()
 
     @classmethod
-    def for_layout(cls, layout, store=None, timeout_s: float = 120.0) -> "SharedEngramTables | None":
+    def for_layout(cls, layout, store=None, timeout_s: float = 900.0) -> "SharedEngramTables | None":
         return cls(layout, store, timeout_s) if layout.ranks_per_node > 1 else None
 
     @property
@@ -136,7 +142,7 @@ class SharedEngramTables:
         return self.layout.local_rank == 0
 
     def _key(self, table: TableLayout, what: str) -> str:
-        return f"deepinfer/engram_tables/node{self.layout.node_rank}/{table.module}/{what}"
+        return f"deepinfer/engram_tables/{self._attach_id}/node{self.layout.node_rank}/{table.module}/{what}"
 
     def names(self, model: nn.Module) -> set[str]:
         """state_dict names the loader must skip: every Engram table tensor."""
@@ -150,6 +156,7 @@ class SharedEngramTables:
         tables = table_layouts(model)
         if not tables:
             return 0
+        self._attach_id = next(_attach_count)
         if self.is_creator:
             views = self._create(tables, model_dir, platform)
         else:
@@ -196,6 +203,8 @@ class SharedEngramTables:
                 self._wait_count(self._key(table, "mapped"), others, table)
         except BaseException as e:
             for table in tables:
+                if table.module not in self.segment_names:   # the others wait for a name: tell them
+                    self.store.set(self._key(table, "name"), f"{_FAILED}{e}")
                 self.store.set(self._key(table, "filled"), f"error: {e}".encode())
             raise
         finally:
@@ -259,6 +268,9 @@ class SharedEngramTables:
         ro = {}
         for table in tables:
             name = self._get(self._key(table, "name"), wait, table, "publish its segment").decode()
+            if name.startswith(_FAILED):
+                raise RuntimeError(f"Engram table {table.module}: the creating rank (local rank 0 of node "
+                                   f"{self.layout.node_rank}) failed: {name[len(_FAILED):]}")
             if not name.startswith(SEGMENT_PREFIX) or "/" in name:
                 raise RuntimeError(f"Engram table {table.module}: the store names segment {name!r}, not one of ours")
             self.segment_names[table.module] = name
