@@ -274,7 +274,12 @@ class SharedEngramTables:
             if not name.startswith(SEGMENT_PREFIX) or "/" in name:
                 raise RuntimeError(f"Engram table {table.module}: the store names segment {name!r}, not one of ours")
             self.segment_names[table.module] = name
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
+            try:
+                fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
+            except FileNotFoundError:   # unlinked already: the creator gave up waiting for the ranks
+                state = self._get(self._key(table, "filled"), wait, table, "fill its segment").decode()
+                raise RuntimeError(f"Engram table {table.module}: segment {name} is gone; the creating rank "
+                                   f"(local rank 0 of node {self.layout.node_rank}) failed: {state}") from None
             try:
                 size = os.fstat(fd).st_size
                 if size != table.nbytes:
