@@ -137,3 +137,35 @@ def test_ep_rows_pack_as_bytes_and_unpack_exactly():
     assert buf.dtype == torch.uint8 and buf.shape == (5, 12 * 2 + 2 * 4 + 2 * 4)
     x2, w2, idx2 = ep_moe.unpack_rows(torch.cat([buf, buf]), 12, torch.bfloat16, 2)
     assert torch.equal(x2[5:], x) and torch.equal(w2[:5], w) and torch.equal(idx2[5:], idx)
+
+
+def test_stacked_transformers_experts_and_sinks_read_only_this_ranks_rows(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(3)
+    E, I, D = 4, 4, 6
+    gate_up, down = torch.randn(E, 2 * I, D, generator=g), torch.randn(E, D, I, generator=g)
+    sinks = torch.randn(4, generator=g)
+    save_file({"model.layers.0.mlp.experts.gate_up_proj": gate_up, "model.layers.0.mlp.experts.down_proj": down,
+               "model.layers.0.self_attn.sinks": sinks}, str(tmp_path / "model.safetensors"))
+    cfg = SimpleNamespace(num_heads=4, o_groups=2, head_dim=8, o_lora_rank=4, n_routed_experts=E, is_v41=False)
+    plan = ShardPlan(cfg, ParallelLayout(rank=1, cp=2, ep=2, attn_tp=2))
+    f32 = torch.float32
+    expected = {"layers.0.attn.attn_sink": ((2,), f32)}
+    for e in plan.experts(E):
+        expected.update({f"layers.0.ffn.experts.{e}.w1.weight": ((I, D), f32),
+                         f"layers.0.ffn.experts.{e}.w3.weight": ((I, D), f32),
+                         f"layers.0.ffn.experts.{e}.w2.weight": ((D, I), f32)})
+    reads = []
+    real = loader.read_slice
+    monkeypatch.setattr(loader, "read_slice", lambda f, key, ndim, region: reads.append((key, region))
+                        or real(f, key, ndim, region))
+    out = loader.load_weights(tmp_path, expected, progress=False, plan=plan)
+    assert torch.equal(out["layers.0.attn.attn_sink"], sinks[2:])
+    for e in (2, 3):
+        assert torch.equal(out[f"layers.0.ffn.experts.{e}.w1.weight"], gate_up[e, :I])
+        assert torch.equal(out[f"layers.0.ffn.experts.{e}.w3.weight"], gate_up[e, I:])
+        assert torch.equal(out[f"layers.0.ffn.experts.{e}.w2.weight"], down[e])
+    assert sorted(reads) == [("model.layers.0.mlp.experts.down_proj", {0: (2, 4)}),
+                             ("model.layers.0.mlp.experts.gate_up_proj", {0: (2, 4)}),
+                             ("model.layers.0.self_attn.sinks", {0: (2, 4)})]
