@@ -24,12 +24,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _build(tmp_path_factory, name: str, kind: str, unquantized: bool = False):
+def _build(tmp_path_factory, name: str, kind: str, unquantized: bool = False, layers: int | None = None):
     # Lazy import: collecting tests must not require the checkpoint writer.
     from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
 
     out = tmp_path_factory.mktemp(name)
-    make_tiny_checkpoint(kind, out, seed=0, unquantized=unquantized)
+    make_tiny_checkpoint(kind, out, seed=0, unquantized=unquantized, layers=layers)
     return out
 
 
@@ -49,3 +49,15 @@ def tiny_v4_dense_dir(tmp_path_factory):
 def tiny_v41_dir(tmp_path_factory):
     """Tiny V4.1 checkpoint (always fp8/fp4 quantized like the real one)."""
     return _build(tmp_path_factory, "tiny-v41", "v41")
+
+
+@pytest.fixture(scope="session")
+def tiny_v41_l4_dir(tmp_path_factory):
+    """Tiny V4.1 with 4 layers (SWA, Engram, C2 kv / index source, C2 sharing), for multi-rank tests."""
+    return _build(tmp_path_factory, "tiny-v41-l4", "v41", layers=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_v4_l3_dir(tmp_path_factory):
+    """Tiny V4 with 3 layers (SWA, CSA, HCA; hash routing; fp8 128x128 blocks), for multi-rank tests."""
+    return _build(tmp_path_factory, "tiny-v4-l3", "v4", layers=3)

@@ -10,6 +10,7 @@ logits, tokens and (optionally) the collectives of one decode step to a file; th
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import socket
@@ -105,15 +106,16 @@ _MODELS: dict = {}
 
 
 def reference(job: Job) -> list[dict]:
-    """One rank, the whole model: the run of each data-parallel group's prompts (models are cached per
-    checkpoint, weight format and strategy)."""
+    """One rank, the whole model, eager (on the job's platform: the Neuron host-mode kernels for a
+    region job, whose region graphs the single-rank tests already hold to eager): the run of each
+    data-parallel group's prompts. Models are cached per checkpoint, weight format and platform."""
     key = (job.ckpt, job.weight_format, job.strategy)
     if key not in _MODELS:
         _MODELS.clear()   # one whole model at a time
-        model, platform = _load(job)
-        _MODELS[key] = model, platform, platform.region_runner() if job.strategy == "neuron" else None
-    model, platform, regions = _MODELS[key]
-    return [drive(model, job, prompts, platform, regions) for prompts in job.prompts]
+        _MODELS[key] = _load(job)
+    model, platform = _MODELS[key]
+    eager = dataclasses.replace(job, strategy="eager")
+    return [drive(model, eager, prompts, platform) for prompts in job.prompts]
 
 
 def expected_collectives(job: Job, num_layers: int, rows: int, dim: int) -> list[tuple]:

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from deepinfer.distributed.parallel_layout import ParallelLayout
-from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
 from multirank import Job, expected_collectives, reference, run_ranks
 
 # Same lengths in every data-parallel group (equal step rows on every EP member).
@@ -21,16 +20,14 @@ TOL = 1e-4   # fp32: only the summation order of the partial outputs differs
 
 
 @pytest.fixture(scope="module")
-def v41_dir(tmp_path_factory):
-    """Tiny V4.1 with 4 layers (SWA, Engram, C2 kv/index source, C2 sharing; fp8 32x32 + fp4 experts)."""
-    return str(make_tiny_checkpoint("v41", tmp_path_factory.mktemp("v41-l4"), seed=0, layers=4))
+def v41_dir(tiny_v41_l4_dir):
+    return str(tiny_v41_l4_dir)
 
 
 @pytest.fixture(scope="module")
-def v4_dir(tmp_path_factory):
-    """Tiny V4 with 3 layers (SWA, CSA, HCA; hash routing; fp8 128x128 blocks: a 64-row o-group of
-    wo_a lies inside one block)."""
-    return str(make_tiny_checkpoint("v4", tmp_path_factory.mktemp("v4-l3"), seed=0, layers=3))
+def v4_dir(tiny_v4_l3_dir):
+    """fp8 128x128 blocks: a 64-row o-group of wo_a lies inside one block."""
+    return str(tiny_v4_l3_dir)
 
 
 def _check(job: Job, ranks: list[dict]) -> None:
@@ -66,30 +63,51 @@ def _check_shards(job: Job, ranks: list[dict], heads: int, experts: int) -> None
         assert held == list(range(first, first + per))
 
 
-def test_two_ranks(v41_dir, v4_dir):
-    jobs = [Job(v41_dir, cp=2, attn_tp=2, prompts=[P], weight_format="packed"),
-            Job(v41_dir, ep=2, prompts=[P, Q], weight_format="dense", record=True),
-            Job(v41_dir, cp=2, ep=2, attn_tp=2, prompts=[P], weight_format="packed", record=True),
-            Job(v4_dir, cp=2, ep=2, attn_tp=2, prompts=[P], weight_format="packed")]
-    results = run_ranks(2, jobs)
-    for job, ranks in zip(jobs, results):
-        _check(job, ranks)
-    _check_shards(jobs[2], results[2], heads=4, experts=8)
+TWO = {
+    # grouped by (checkpoint, weight format): the single-rank reference model is loaded once per group
+    "ep2_v41_dense": lambda d, d4: Job(d, ep=2, prompts=[P, Q], weight_format="dense", record=True),
+    "cp2_lanes2_v41_packed": lambda d, d4: Job(d, cp=2, attn_tp=2, prompts=[P], weight_format="packed"),
+    "cp2_ep2_lanes2_v41_packed": lambda d, d4: Job(d, cp=2, ep=2, attn_tp=2, prompts=[P], weight_format="packed",
+                                                  record=True),
+    "cp2_ep2_lanes2_v4_packed": lambda d, d4: Job(d4, cp=2, ep=2, attn_tp=2, prompts=[P], weight_format="packed"),
+    # host-mode Neuron region graphs (aot_eager, fullgraph): the dispatch all-gather and the
+    # reduce-scatter inside compiled regions, placeholder rows in the padded prompt step
+    "ep2_v4_packed_neuron_regions": lambda d, d4: Job(d4, ep=2, prompts=[P, Q], weight_format="packed",
+                                                     strategy="neuron", steps=1),
+}
+FOUR = {
+    "cp4_ep4_lanes4_v41_dense": lambda d: Job(d, cp=4, ep=4, attn_tp=4, prompts=[P], weight_format="dense",
+                                              record=True),
+    "cp4_lanes2_v41_packed": lambda d: Job(d, cp=4, attn_tp=2, prompts=[P], weight_format="packed"),
+    "ep4_v41_packed": lambda d: Job(d, ep=4, prompts=[P, Q, R, S], weight_format="packed"),
+    "cp2_ep4_lanes2_v41_packed": lambda d: Job(d, cp=2, ep=4, attn_tp=2, prompts=[P, Q], weight_format="packed",
+                                               record=True),
+}
 
 
-def test_four_ranks(v41_dir):
-    jobs = [Job(v41_dir, cp=4, attn_tp=2, prompts=[P], weight_format="packed"),
-            Job(v41_dir, cp=4, ep=4, attn_tp=4, prompts=[P], weight_format="dense", record=True),
-            Job(v41_dir, ep=4, prompts=[P, Q, R, S], weight_format="packed"),
-            Job(v41_dir, cp=2, ep=4, attn_tp=2, prompts=[P, Q], weight_format="packed", record=True)]
-    results = run_ranks(4, jobs)
-    for job, ranks in zip(jobs, results):
-        _check(job, ranks)
-    _check_shards(jobs[1], results[1], heads=4, experts=8)
+@pytest.fixture(scope="module")
+def two_ranks(v41_dir, v4_dir):
+    jobs = {name: make(v41_dir, v4_dir) for name, make in TWO.items()}
+    return dict(zip(jobs, zip(jobs.values(), run_ranks(2, list(jobs.values())))))
 
 
-def test_two_ranks_neuron_regions(v41_dir):
-    """Host-mode Neuron region graphs (aot_eager, fullgraph) with the dispatch all-gather and the
-    reduce-scatter inside the compiled regions, placeholder rows in the padded prompt step."""
-    job = Job(v41_dir, ep=2, attn_tp=1, prompts=[P, Q], weight_format="packed", strategy="neuron", steps=2)
-    _check(job, run_ranks(2, [job])[0])
+@pytest.fixture(scope="module")
+def four_ranks(v41_dir):
+    jobs = {name: make(v41_dir) for name, make in FOUR.items()}
+    return dict(zip(jobs, zip(jobs.values(), run_ranks(4, list(jobs.values())))))
+
+
+@pytest.mark.parametrize("name", TWO)
+def test_two_ranks(two_ranks, name):
+    job, ranks = two_ranks[name]
+    _check(job, ranks)
+    if job.ep > 1 and job.attn_tp > 1:
+        _check_shards(job, ranks, heads=4, experts=8)
+
+
+@pytest.mark.parametrize("name", FOUR)
+def test_four_ranks(four_ranks, name):
+    job, ranks = four_ranks[name]
+    _check(job, ranks)
+    if job.ep > 1 and job.attn_tp > 1:
+        _check_shards(job, ranks, heads=4, experts=8)
