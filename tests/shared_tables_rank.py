@@ -54,7 +54,8 @@ def main(rank, world, model_dir, out_dir, platform, weight_format, mode, timeout
     # two ranks: a really split model (lanes of 2, experts over 2); three: cp = 3, nothing split
     layout = ParallelLayout(rank=rank, cp=world, ep=2, attn_tp=2) if world == 2 else ParallelLayout(rank, cp=world)
     groups = ParallelGroups.create(layout, "gloo")
-    tables = SharedEngramTables.for_layout(layout, timeout_s=timeout_s)
+    # rank 0 of the 2-rank run leaves it to build_model (parallel alone turns the sharing on)
+    tables = None if (world == 2 and rank == 0) else SharedEngramTables.for_layout(layout, timeout_s=timeout_s)
     last = rank == world - 1
     if mode == "die_before_map" and last:
         os._exit(3)
@@ -68,7 +69,7 @@ def main(rank, world, model_dir, out_dir, platform, weight_format, mode, timeout
         sys.exit(2)
     if mode == "die_after_map" and last:
         os.kill(os.getpid(), signal.SIGKILL)
-    record = {"segments": dict(tables.segment_names), "maps": {}, "tables": {}, "outputs": engram_outputs(model)}
+    record = {"segments": dict(model.shared_tables.segment_names), "maps": {}, "tables": {}, "outputs": engram_outputs(model)}
     for layer in model.layers:
         if hasattr(layer, "engram"):
             for leaf, t in [*layer.engram.embed.named_parameters(), *layer.engram.embed.named_buffers()]:

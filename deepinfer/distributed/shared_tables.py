@@ -3,16 +3,18 @@
 V4.1-Flash's two Engram tables are about 12.7 GB packed: one copy per rank would cost every rank more
 than its weights. So the ranks of one host share one copy:
 
-1. the host's lowest local rank (the creator) creates one /dev/shm segment per table (the packed e4m3
-   codes and their ue8m0 exponents, or the dense table), sized from the model, and publishes its name
-   through the torch.distributed store. The name holds a random per-run token, never a pid (a
-   follower does not share its parent's, and a pid is reused);
+1. once every local rank has reached this point (counted in the torch.distributed store), the host's
+   lowest local rank (the creator) creates one /dev/shm segment per table (the packed e4m3 codes and
+   their ue8m0 exponents, or the dense table), sized from the model, and publishes its name through
+   the store. The name holds a random per-run token, never a pid (a follower does not share its
+   parent's, and a pid is reused);
 2. every other local rank opens the segment (its size checked against the model's), maps it read-only
    and counts itself in the store;
 3. once all local ranks have mapped it, the creator unlinks it: from then on nothing of ours is in
    /dev/shm, whichever process dies later, and the memory goes when the last mapping does. The table
-   is filled only after that (through the creator's writable mapping), so the window in which a crash
-   leaves a segment behind is the few milliseconds of step 2, not the checkpoint read;
+   is filled only after that (through the creator's writable mapping), so the window in which a
+   killed creator leaves a segment behind is the few milliseconds of step 2: not the checkpoint read,
+   and not the wait for ranks still loading (step 1 comes first);
 4. the creator publishes "filled" (or the error that stopped it); every rank's Engram module then
    reads its rows straight from the mapping (torch.frombuffer views: no copy, read-only pages, so a
    stray in-place write faults instead of corrupting the other ranks' table).
@@ -120,15 +122,19 @@ class SharedEngramTables:
     layout: the rank's ParallelLayout (node_rank, local_rank, ranks_per_node); store: the
     torch.distributed store every rank of the world shares (default: the default group's);
     timeout_s: how long a rank waits for the others (a rank that never maps fails the creator); the
-    default leaves room for ranks that reach `attach` minutes apart after loading their own weights."""
+    default leaves room for ranks that reach `attach` minutes apart after loading their own weights.
+    The other ranks wait twice as long for a segment name (so the creator's own timeout reaches them
+    as its error, not as theirs) and `fill_timeout_s` for the fill (the creator reads the tables
+    from the checkpoint meanwhile)."""
 
-    def __init__(self, layout, store=None, timeout_s: float = 900.0):
+    def __init__(self, layout, store=None, timeout_s: float = 900.0, fill_timeout_s: float = 3600.0):
         if layout.ranks_per_node < 2:
             raise ValueError("SharedEngramTables: one rank on its host has nothing to share "
                              "(use SharedEngramTables.for_layout, which returns None then)")
         self.layout = layout
         self.store = store if store is not None else _default_store()
         self.timeout_s = float(timeout_s)
+        self.fill_timeout_s = float(fill_timeout_s)
         self.segment_names: dict[str, str] = {}   # table module -> segment name (kept for reports and tests)
         self._mappings: list[mmap.mmap] = []
         self._shared_ptrs: set[int] = set()
@@ -189,7 +195,11 @@ class SharedEngramTables:
     def _create(self, tables: list[TableLayout], model_dir, platform) -> dict[str, torch.Tensor]:
         token = secrets.token_hex(8)
         fds, paths = {}, {}
+        others = self.layout.ranks_per_node - 1
         try:
+            # create nothing until every local rank is here to map at once: a rank still loading (or
+            # dead) must not stretch the window in which a killed creator would leave segments behind
+            self._wait_count(self._ready_key(), others, "reached the Engram tables")
             for i, table in enumerate(tables):
                 name = f"{SEGMENT_PREFIX}{token}-n{self.layout.node_rank}-{i}"
                 path = os.path.join(SHM_DIR, name)
@@ -198,9 +208,9 @@ class SharedEngramTables:
                 os.ftruncate(fd, table.nbytes)
                 self.segment_names[table.module] = name
                 self.store.set(self._key(table, "name"), name)
-            others = self.layout.ranks_per_node - 1
             for table in tables:
-                self._wait_count(self._key(table, "mapped"), others, table)
+                self._wait_count(self._key(table, "mapped"), others,
+                                 f"mapped the shared segment of Engram table {table.module}")
         except BaseException as e:
             for table in tables:
                 if table.module not in self.segment_names:   # the others wait for a name: tell them
@@ -229,16 +239,18 @@ class SharedEngramTables:
             self.store.set(self._key(table, "filled"), _FILLED)
         return ro
 
-    def _wait_count(self, key: str, want: int, table: TableLayout) -> None:
+    def _ready_key(self) -> str:
+        return f"deepinfer/engram_tables/{self._attach_id}/node{self.layout.node_rank}/ready"
+
+    def _wait_count(self, key: str, want: int, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s
         while True:
             got = self.store.add(key, 0)
             if got >= want:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"Engram table {table.module}: only {got} of the {want} other local ranks of node "
-                    f"{self.layout.node_rank} mapped its shared segment within {self.timeout_s:.0f} s")
+                raise RuntimeError(f"only {got} of the {want} other local ranks of node {self.layout.node_rank} "
+                                   f"{what} within {self.timeout_s:.0f} s")
             time.sleep(0.01)
 
     def _fill(self, fd: int, table: TableLayout, model_dir, platform) -> None:
@@ -264,8 +276,10 @@ class SharedEngramTables:
 
     # -- other local ranks ----------------------------------------------------------------------------
     def _open(self, tables: list[TableLayout]) -> dict[str, torch.Tensor]:
-        wait = timedelta(seconds=self.timeout_s)
+        wait = timedelta(seconds=2 * self.timeout_s)
+        fill_wait = timedelta(seconds=self.fill_timeout_s)
         ro = {}
+        self.store.add(self._ready_key(), 1)
         for table in tables:
             name = self._get(self._key(table, "name"), wait, table, "publish its segment").decode()
             if name.startswith(_FAILED):
@@ -277,7 +291,7 @@ class SharedEngramTables:
             try:
                 fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
             except FileNotFoundError:   # unlinked already: the creator gave up waiting for the ranks
-                state = self._get(self._key(table, "filled"), wait, table, "fill its segment").decode()
+                state = self._get(self._key(table, "filled"), fill_wait, table, "fill its segment").decode()
                 raise RuntimeError(f"Engram table {table.module}: segment {name} is gone; the creating rank "
                                    f"(local rank 0 of node {self.layout.node_rank}) failed: {state}") from None
             try:
@@ -292,7 +306,7 @@ class SharedEngramTables:
             ro.update(_ro_views(mm, table))
             self.store.add(self._key(table, "mapped"), 1)
         for table in tables:
-            state = self._get(self._key(table, "filled"), wait, table, "fill its segment")
+            state = self._get(self._key(table, "filled"), fill_wait, table, "fill its segment")
             if state != _FILLED:
                 raise RuntimeError(f"Engram table {table.module}: the creating rank (local rank 0 of node "
                                    f"{self.layout.node_rank}) failed: {state.decode()}")
@@ -303,7 +317,8 @@ class SharedEngramTables:
             self.store.wait([key], wait)
         except Exception as e:  # the store's own timeout error does not say what was awaited
             raise RuntimeError(f"Engram table {table.module}: the creating rank (local rank 0 of node "
-                               f"{self.layout.node_rank}) did not {what} within {self.timeout_s:.0f} s ({e})") from e
+                               f"{self.layout.node_rank}) did not {what} within {wait.total_seconds():.0f} s "
+                               f"({e})") from e
         return self.store.get(key)
 
 

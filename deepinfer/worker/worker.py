@@ -41,7 +41,8 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     ParallelGroups (distributed/groups.py) when one model runs across ranks: the rank builds and reads
     only its slices (model_executor/shard_plan.py).
     shared_tables (distributed/shared_tables.py SharedEngramTables): the Engram tables are mapped from
-    the host's shared memory instead of loaded (several ranks on one host)."""
+    the host's shared memory instead of loaded; None: so whenever `parallel` puts several ranks on this
+    host (docs/neuron.md §5.9); False: never."""
     from deepinfer.model_executor.loader import load_checkpoint, stored_formats
     if weight_format not in ("packed", "dense"):
         raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
@@ -49,6 +50,10 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     with torch.device("meta"):
         model = DeepseekV4Model(model_config, dtype, platform=platform, parallel=parallel)
     model.use_weight_formats(formats)
+    if shared_tables is None and parallel is not None:
+        from deepinfer.distributed.shared_tables import SharedEngramTables
+        shared_tables = SharedEngramTables.for_layout(parallel.layout)
+    shared_tables = shared_tables or None
     skip = shared_tables.names(model) if shared_tables is not None else ()
     load_checkpoint(model, model_dir, dtype, progress=progress, skip=skip)  # also runs model.post_load()
     if shared_tables is not None:
@@ -56,6 +61,7 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     if platform is not None:
         convert = platform.fp8_weight_codes
         model.map_fp8_codes(convert if shared_tables is None else shared_tables.keep_shared(convert))
+    model.shared_tables = shared_tables   # what the rank mapped (segment names), None when nothing
     model.eval()
     if platform is not None and platform.device.type != "cpu":
         model.to(platform.device)
