@@ -22,9 +22,10 @@ than its weights. So the ranks of one host share one copy:
 A single rank on its host (ParallelLayout.ranks_per_node == 1) shares nothing: `for_layout` returns
 None and the loader reads the tables as any other tensor.
 
-Hooked into loading by `worker.build_model(..., shared_tables=...)`: the loader skips the table
-tensors (`names`), `attach` maps (and on the creator fills) them before the platform's byte layout
-is applied to the other fp8 weights; the creator applies it to the tables as it fills them.
+Hooked into loading by `worker.build_model`, which makes one whenever its `parallel` groups put
+several ranks on the host (or takes `shared_tables=`): the loader skips the table tensors (`names`),
+`attach` maps (and on the creator fills) them before the platform's byte layout is applied to the
+other fp8 weights; the creator applies it to the tables as it fills them.
 """
 from __future__ import annotations
 
