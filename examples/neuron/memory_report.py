@@ -63,6 +63,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     if args.cp is not None or args.ep is not None or args.step:
+        if args.platform or args.post_load or args.weight_format != "packed" or args.dense_checkpoint:
+            ap.error("the dry run builds what build_model holds (packed weights, post_load, the reference "
+                     "kernels, whose reads it counts): drop --platform / --post-load / --weight-format / "
+                     "--dense-checkpoint")
         return _dry_run(args, cfg)
     platform = None
     if args.platform:
