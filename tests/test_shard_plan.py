@@ -171,3 +171,30 @@ def test_stacked_transformers_experts_and_sinks_read_only_this_ranks_rows(tmp_pa
     assert sorted(reads) == [("model.layers.0.mlp.experts.down_proj", {0: (2, 4)}),
                              ("model.layers.0.mlp.experts.gate_up_proj", {0: (2, 4)}),
                              ("model.layers.0.self_attn.sinks", {0: (2, 4)})]
+
+
+def test_a_flash_rank_builds_on_meta_under_a_fake_64_rank_group():
+    """The full-scale dry run's premise: a rank of V4.1-Flash at cp = ep = 64, lanes of 8, built on
+    meta tensors under torch's fake process group, holds only its slices."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
+    cfg = ModelConfig.from_pretrained("examples/configs/v41-flash.json")
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=9, world_size=64)
+    try:
+        groups = ParallelGroups.create(ParallelLayout(rank=9, cp=64, ep=64, attn_tp=8))
+        with torch.device("meta"):
+            model = DeepseekV4Model(cfg, torch.bfloat16, parallel=groups)
+        sd = model.state_dict()
+    finally:
+        dist.destroy_process_group()
+    d, r = cfg.head_dim, cfg.o_lora_rank
+    assert sd["layers.0.attn.wq_b.weight"].shape == (8 * d, cfg.q_lora_rank)   # heads 8..15
+    assert sd["layers.0.attn.wo_a.weight"].shape == (r, 8 * d)                  # output group 1
+    assert sd["layers.0.attn.wo_b.weight"].shape == (cfg.hidden_size, r)
+    assert sd["mtp.0.attn.attn_sink"].shape == (8,)
+    held = {k.split(".")[4] for k in sd if k.startswith("layers.0.ffn.experts.")}
+    assert held == {str(e) for e in range(54, 60)}                              # 384 / 64 = 6 experts
+    assert {k.split(".")[4] for k in sd if k.startswith("mtp.0.ffn.experts.")} == {"18", "19"}
+    assert sd["layers.0.attn.wq_a.weight"].shape == (cfg.q_lora_rank, cfg.hidden_size)   # replicated
