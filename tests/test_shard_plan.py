@@ -198,3 +198,35 @@ def test_a_flash_rank_builds_on_meta_under_a_fake_64_rank_group():
     assert held == {str(e) for e in range(54, 60)}                              # 384 / 64 = 6 experts
     assert {k.split(".")[4] for k in sd if k.startswith("mtp.0.ffn.experts.")} == {"18", "19"}
     assert sd["layers.0.attn.wq_a.weight"].shape == (cfg.q_lora_rank, cfg.hidden_size)   # replicated
+
+
+@pytest.mark.parametrize("replicated", [True, False])
+@pytest.mark.parametrize("static", [False, True])
+def test_expert_halves_sum_to_the_whole_moe_and_placeholders_route_nowhere(replicated, static):
+    """Two EP ranks' MoEs (experts 0-3 and 4-7) without a process group: each returns its partial
+    routed sum plus the shared expert (the collectives are identities), through the same dispatch
+    code as across processes (packed bytes when the tokens are not replicated)."""
+    torch.manual_seed(1)
+    cfg = tiny_config("v41", layers=1)
+    whole = MoE(cfg, False, torch.float32)
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    sd = whole.state_dict()
+    halves = []
+    for held in (range(0, 4), range(4, 8)):
+        half = MoE(cfg, False, torch.float32, experts=held, ep=None, tokens_replicated=replicated)
+        half.load_state_dict({k: v for k, v in sd.items() if k in half.state_dict()})
+        halves.append(half)
+    k = KernelTable()
+    x, ids = torch.randn(7, cfg.hidden_size), torch.arange(7)
+    valid = torch.tensor([True, False, True, True, True, False, True])
+    with torch.inference_mode():
+        want = whole(x, ids, k, static, token_valid=valid)
+        parts = [h(x, ids, k, static, token_valid=valid) for h in halves]
+        s = whole.shared_experts
+        shared = k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, cfg.swiglu_limit)
+    assert torch.allclose(parts[0] + parts[1] - shared, want, atol=1e-5)
+    for part in parts:
+        assert torch.equal(part[~valid], shared[~valid])
+    assert sorted(halves[1].experts.keys()) == ["4", "5", "6", "7"] and halves[1]._w13.shape[0] == 4
