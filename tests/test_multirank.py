@@ -6,7 +6,6 @@ Each spawn runs several layouts in turn (tests/multirank.py): every rank builds 
 ModelRunner through a prompt step and greedy decode steps. With ep > cp each data-parallel group
 runs different prompts with the same token counts (the process side pads to equal rows)."""
 import pytest
-import torch
 
 from deepinfer.distributed.parallel_layout import ParallelLayout
 from multirank import Job, expected_collectives, reference, run_ranks
