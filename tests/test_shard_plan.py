@@ -230,3 +230,42 @@ def test_expert_halves_sum_to_the_whole_moe_and_placeholders_route_nowhere(repli
     for part in parts:
         assert torch.equal(part[~valid], shared[~valid])
     assert sorted(halves[1].experts.keys()) == ["4", "5", "6", "7"] and halves[1]._w13.shape[0] == 4
+
+
+@pytest.mark.parametrize("cap,overflows,replicated", [(64, False, True), (2, True, False)])
+def test_capacity_form_equals_dense_and_falls_back_on_overflow(cap, overflows, replicated, monkeypatch):
+    """Fixed-shape prompt steps: each held expert's pairs in `cap` slots; an overflowing expert sends
+    the step to the dense form (torch.cond on the max-all-reduced flag: identity without a group)."""
+    torch.manual_seed(2)
+    cfg = tiny_config("v41", layers=1)
+    whole = MoE(cfg, False, torch.float32)
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    half = MoE(cfg, False, torch.float32, experts=range(4, 8), ep=None, tokens_replicated=replicated)
+    half.load_state_dict({n: v for n, v in whole.state_dict().items() if n in half.state_dict()})
+    k = KernelTable()
+    x, ids = torch.randn(64, cfg.hidden_size), torch.arange(64)
+    valid = torch.arange(64) % 5 != 0
+    with torch.inference_mode():
+        dense = half(x, ids, k, True, token_valid=valid)     # 64 rows, 4 experts: dense by the policy
+        monkeypatch.setattr(ep_moe, "capacity", lambda moe, rows: cap)
+        got = half(x, ids, k, True, token_valid=valid)
+        real = ep_moe.capacity_partials    # which branch ran: the slot form, marked by +1000
+        monkeypatch.setattr(ep_moe, "capacity_partials", lambda *a: real(*a) + 1000.0)
+        marked = half(x, ids, k, True, token_valid=valid)
+    assert torch.allclose(marked - got, torch.full_like(got, 0.0 if overflows else 1000.0), atol=1e-3)
+    assert torch.allclose(got, dense, atol=1e-5)
+    s = half.shared_experts
+    shared = k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, cfg.swiglu_limit)
+    assert torch.equal(got[~valid], shared[~valid])
+
+
+def test_capacity_policy_keeps_decode_steps_dense():
+    cfg = ModelConfig.from_pretrained("examples/configs/v41-flash.json")
+    moe = MoE.__new__(MoE)
+    moe.topk, moe.n_experts, moe.n_local = cfg.n_experts_per_tok, cfg.n_routed_experts, 6
+    assert ep_moe.capacity(moe, 64) is None      # a decode bucket: ~1 pair an expert, no flag collective
+    assert ep_moe.capacity(moe, 128) is None     # a 128-token chunk at cp = ep: still a small load
+    cap = ep_moe.capacity(moe, 64 * 128)         # 128-token chunks of 64 CP groups, gathered
+    assert cap == 2 * 64 * 128 * cfg.n_experts_per_tok // cfg.n_routed_experts and 2 * 6 * cap <= 64 * 128
