@@ -6,7 +6,6 @@ Each spawn runs several layouts in turn (tests/multirank.py): every rank builds 
 ModelRunner through a prompt step and greedy decode steps. With ep > cp each data-parallel group
 runs different prompts with the same token counts (the process side pads to equal rows)."""
 import pytest
-import torch
 
 from deepinfer.distributed.parallel_layout import ParallelLayout
 from multirank import Job, expected_collectives, reference, run_ranks
@@ -71,9 +70,11 @@ TWO = {
                                                   record=True),
     "cp2_ep2_lanes2_v4_packed": lambda d, d4: Job(d4, cp=2, ep=2, attn_tp=2, prompts=[P], weight_format="packed"),
     # host-mode Neuron region graphs (aot_eager, fullgraph): the dispatch all-gather and the
-    # reduce-scatter inside compiled regions, placeholder rows in the padded prompt step
+    # reduce-scatter inside compiled regions, placeholder rows in the padded prompt step, which takes
+    # the capacity-bounded expert form (torch.cond on the max-all-reduced overflow flag); the decode
+    # step the dense form
     "ep2_v4_packed_neuron_regions": lambda d, d4: Job(d4, ep=2, prompts=[P, Q], weight_format="packed",
-                                                     strategy="neuron", steps=1),
+                                                     strategy="neuron", steps=2, capacity=32),
 }
 FOUR = {
     "cp4_ep4_lanes4_v41_dense": lambda d: Job(d, cp=4, ep=4, attn_tp=4, prompts=[P], weight_format="dense",

@@ -171,3 +171,101 @@ def test_stacked_transformers_experts_and_sinks_read_only_this_ranks_rows(tmp_pa
     assert sorted(reads) == [("model.layers.0.mlp.experts.down_proj", {0: (2, 4)}),
                              ("model.layers.0.mlp.experts.gate_up_proj", {0: (2, 4)}),
                              ("model.layers.0.self_attn.sinks", {0: (2, 4)})]
+
+
+def test_a_flash_rank_builds_on_meta_under_a_fake_64_rank_group():
+    """The full-scale dry run's premise: a rank of V4.1-Flash at cp = ep = 64, lanes of 8, built on
+    meta tensors under torch's fake process group, holds only its slices."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
+    cfg = ModelConfig.from_pretrained("examples/configs/v41-flash.json")
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=9, world_size=64)
+    try:
+        groups = ParallelGroups.create(ParallelLayout(rank=9, cp=64, ep=64, attn_tp=8))
+        with torch.device("meta"):
+            model = DeepseekV4Model(cfg, torch.bfloat16, parallel=groups)
+        sd = model.state_dict()
+    finally:
+        dist.destroy_process_group()
+    d, r = cfg.head_dim, cfg.o_lora_rank
+    assert sd["layers.0.attn.wq_b.weight"].shape == (8 * d, cfg.q_lora_rank)   # heads 8..15
+    assert sd["layers.0.attn.wo_a.weight"].shape == (r, 8 * d)                  # output group 1
+    assert sd["layers.0.attn.wo_b.weight"].shape == (cfg.hidden_size, r)
+    assert sd["mtp.0.attn.attn_sink"].shape == (8,)
+    held = {k.split(".")[4] for k in sd if k.startswith("layers.0.ffn.experts.")}
+    assert held == {str(e) for e in range(54, 60)}                              # 384 / 64 = 6 experts
+    assert {k.split(".")[4] for k in sd if k.startswith("mtp.0.ffn.experts.")} == {"18", "19"}
+    assert sd["layers.0.attn.wq_a.weight"].shape == (cfg.q_lora_rank, cfg.hidden_size)   # replicated
+
+
+@pytest.mark.parametrize("replicated", [True, False])
+@pytest.mark.parametrize("static", [False, True])
+def test_expert_halves_sum_to_the_whole_moe_and_placeholders_route_nowhere(replicated, static):
+    """Two EP ranks' MoEs (experts 0-3 and 4-7) without a process group: each returns its partial
+    routed sum plus the shared expert (the collectives are identities), through the same dispatch
+    code as across processes (packed bytes when the tokens are not replicated)."""
+    torch.manual_seed(1)
+    cfg = tiny_config("v41", layers=1)
+    whole = MoE(cfg, False, torch.float32)
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    sd = whole.state_dict()
+    halves = []
+    for held in (range(0, 4), range(4, 8)):
+        half = MoE(cfg, False, torch.float32, experts=held, ep=None, tokens_replicated=replicated)
+        half.load_state_dict({k: v for k, v in sd.items() if k in half.state_dict()})
+        halves.append(half)
+    k = KernelTable()
+    x, ids = torch.randn(7, cfg.hidden_size), torch.arange(7)
+    valid = torch.tensor([True, False, True, True, True, False, True])
+    with torch.inference_mode():
+        want = whole(x, ids, k, static, token_valid=valid)
+        parts = [h(x, ids, k, static, token_valid=valid) for h in halves]
+        s = whole.shared_experts
+        shared = k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, cfg.swiglu_limit)
+    assert torch.allclose(parts[0] + parts[1] - shared, want, atol=1e-5)
+    for part in parts:
+        assert torch.equal(part[~valid], shared[~valid])
+    assert sorted(halves[1].experts.keys()) == ["4", "5", "6", "7"] and halves[1]._w13.shape[0] == 4
+
+
+@pytest.mark.parametrize("cap,overflows,replicated", [(64, False, True), (2, True, False)])
+def test_capacity_form_equals_dense_and_falls_back_on_overflow(cap, overflows, replicated, monkeypatch):
+    """Fixed-shape prompt steps: each held expert's pairs in `cap` slots; an overflowing expert sends
+    the step to the dense form (torch.cond on the max-all-reduced flag: identity without a group)."""
+    torch.manual_seed(2)
+    cfg = tiny_config("v41", layers=1)
+    whole = MoE(cfg, False, torch.float32)
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    half = MoE(cfg, False, torch.float32, experts=range(4, 8), ep=None, tokens_replicated=replicated)
+    half.load_state_dict({n: v for n, v in whole.state_dict().items() if n in half.state_dict()})
+    k = KernelTable()
+    x, ids = torch.randn(64, cfg.hidden_size), torch.arange(64)
+    valid = torch.arange(64) % 5 != 0
+    with torch.inference_mode():
+        dense = half(x, ids, k, True, token_valid=valid)     # 64 rows, 4 experts: dense by the policy
+        monkeypatch.setattr(ep_moe, "capacity", lambda moe, rows: cap)
+        got = half(x, ids, k, True, token_valid=valid)
+        real = ep_moe.capacity_partials    # which branch ran: the slot form, marked by +1000
+        monkeypatch.setattr(ep_moe, "capacity_partials", lambda *a: real(*a) + 1000.0)
+        marked = half(x, ids, k, True, token_valid=valid)
+    assert torch.allclose(marked - got, torch.full_like(got, 0.0 if overflows else 1000.0), atol=1e-3)
+    assert torch.allclose(got, dense, atol=1e-5)
+    s = half.shared_experts
+    shared = k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, cfg.swiglu_limit)
+    assert torch.equal(got[~valid], shared[~valid])
+
+
+def test_capacity_policy_keeps_decode_steps_dense():
+    cfg = ModelConfig.from_pretrained("examples/configs/v41-flash.json")
+    moe = MoE.__new__(MoE)
+    moe.topk, moe.n_experts, moe.n_local = cfg.n_experts_per_tok, cfg.n_routed_experts, 6
+    assert ep_moe.capacity(moe, 64) is None      # a decode bucket: ~1 pair an expert, no flag collective
+    assert ep_moe.capacity(moe, 128) is None     # a 128-token chunk at cp = ep: still a small load
+    cap = ep_moe.capacity(moe, 64 * 128)         # 128-token chunks of 64 CP groups, gathered
+    assert cap == 2 * 64 * 128 * cfg.n_experts_per_tok // cfg.n_routed_experts and 2 * 6 * cap <= 64 * 128

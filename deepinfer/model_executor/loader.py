@@ -197,7 +197,7 @@ class _Item:
     outputs: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = field(default_factory=list)
     raw: bool = False
     scale_outputs: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = field(default_factory=list)
-    cuts: tuple = ()        # shard_plan.Cut of the last two dims this rank reads (attention lanes)
+    cuts: tuple = ()        # shard_plan.Cut (dense coordinates) this rank reads (attention lanes)
     experts: range | None = None  # stacked experts: the expert rows this rank reads (expert parallelism)
 
 

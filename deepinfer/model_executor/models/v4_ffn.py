@@ -44,8 +44,9 @@ class MoE(nn.Module):
     def __init__(self, cfg, hashed: bool, dtype, n_experts: int | None = None, topk: int | None = None,
                  experts: range | None = None, ep=None, tokens_replicated: bool = True):
         """experts: the global ids this rank holds (expert parallelism, model_executor/shard_plan.py),
-        None for all; ep: the EP process group (None: a single rank); tokens_replicated: every member
-        of the EP group runs the same tokens (EP group inside a CP group), layers/ep_moe.py."""
+        None for all; ep: the EP process group (None: no collective, the rank's own partial sum);
+        tokens_replicated: every member of the EP group runs the same tokens (EP group inside a CP
+        group), layers/ep_moe.py."""
         super().__init__()
         self.cfg = cfg
         self.n_experts = n_experts or cfg.n_routed_experts
@@ -111,7 +112,7 @@ class MoE(nn.Module):
         hashed = self.gate.tid2eid[token_ids] if self.hashed else None
         bias = None if self.hashed else self.gate.bias
         idx, w = route(x, self.gate.weight, bias, self.topk, self.cfg.routed_scaling_factor, hashed)
-        if self.ep is None:
+        if self.n_local == self.n_experts:
             if token_valid is not None:   # placeholder rows select no expert: zero weights
                 w = torch.where(token_valid[:, None], w, torch.zeros_like(w))
             y = self.run_experts(x, idx, w, k, static_shapes)
