@@ -24,12 +24,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _build(tmp_path_factory, name: str, kind: str, unquantized: bool = False):
+def _build(tmp_path_factory, name: str, kind: str, unquantized: bool = False, layers: int | None = None):
     # Lazy import: collecting tests must not require the checkpoint writer.
     from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint
 
     out = tmp_path_factory.mktemp(name)
-    make_tiny_checkpoint(kind, out, seed=0, unquantized=unquantized)
+    make_tiny_checkpoint(kind, out, seed=0, unquantized=unquantized, layers=layers)
     return out
 
 
@@ -51,12 +51,29 @@ def tiny_v41_dir(tmp_path_factory):
     return _build(tmp_path_factory, "tiny-v41", "v41")
 
 
+@pytest.fixture(scope="session")
+def tiny_v41_l4_dir(tmp_path_factory):
+    """Tiny V4.1 with 4 layers (SWA, Engram, C2 kv / index source, C2 sharing), for multi-rank tests."""
+    return _build(tmp_path_factory, "tiny-v41-l4", "v41", layers=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_v4_l3_dir(tmp_path_factory):
+    """Tiny V4 with 3 layers (SWA, CSA, HCA; hash routing; fp8 128x128 blocks), for multi-rank tests."""
+    return _build(tmp_path_factory, "tiny-v4-l3", "v4", layers=3)
+
+
 @pytest.fixture(autouse=True)
 def no_ring_segment_left():
     """No test leaves a /dev/shm segment of ours behind (the multi-rank step rings,
-    deepinfer/distributed/step_ring.py): each must be unlinked after any run, abort or crash."""
-    from deepinfer.distributed.step_ring import our_segments
-    before = set(our_segments())
+    distributed/step_ring.py, and the shared Engram tables, distributed/shared_tables.py): each must
+    be unlinked after any run, abort or crash."""
+    def ours():
+        try:
+            return {n for n in os.listdir("/dev/shm") if n.startswith("deepinfer-")}
+        except FileNotFoundError:
+            return set()
+    before = ours()
     yield
-    left = sorted(set(our_segments()) - before)
+    left = sorted(ours() - before)
     assert not left, f"/dev/shm segments left behind: {left}"

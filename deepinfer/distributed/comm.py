@@ -27,7 +27,8 @@ def record_collectives():
     try:
         yield log
     finally:
-        _records.remove(log)
+        # by identity: nested logs can be equal lists (a layer's log and the step's, after one layer)
+        del _records[next(i for i, x in enumerate(_records) if x is log)]
 
 
 def _group_size(group) -> int:

@@ -57,6 +57,8 @@ class StepInputs:
     swa_write_dst: torch.Tensor   # [R]
     comp: dict = field(default_factory=dict)  # (ratio, ring, overlap) -> CompressMeta
     ngram_ids: torch.Tensor | None = None      # [T, N] compressed ids of tokens t, t-1, ... (pad before start)
+    token_valid: torch.Tensor | None = None    # [T] bool: False for placeholder rows (state slot 0), which
+                                               # select no expert (docs/neuron.md §5.3); None = all real
     static_shapes: bool = False                # padded to a bucket (model_executor/static_step.py): the forward
                                                # must use fixed-shape, sync-free kernels (routed MoE)
 
@@ -106,6 +108,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
                           dtype=torch.long).reshape(nb, max_blocks)
 
     tok_slot = slot[token_seq]
+    token_valid = tok_slot != 0   # slot 0 is scratch: only placeholder chunks (static_step.pad_chunks) use it
     end_pos = (ctx + new)[token_seq]
 
     def addr(p: torch.Tensor, ring: int, ring_rows: int, seq_of=None) -> torch.Tensor:
@@ -167,7 +170,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
     return StepInputs(input_ids=input_ids, positions=positions,
                       logits_indices=logits_indices, swa_idx=swa_idx, swa_valid=swa_valid,
                       swa_write_src=swa_write_src, swa_write_dst=swa_write_dst,
-                      comp=comp, ngram_ids=ngram_ids)
+                      comp=comp, ngram_ids=ngram_ids, token_valid=token_valid)
 
 
 def step_to(step: StepInputs, device) -> StepInputs:

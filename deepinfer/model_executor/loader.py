@@ -24,6 +24,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from deepinfer.model_executor.layers.quant import dequant_fp4, dequant_fp8_block, float_to_ue8m0, infer_block_size
+from deepinfer.model_executor.shard_plan import code_regions, read_slice
 
 INDEX_FILE = "model.safetensors.index.json"
 VISION_PREFIXES = ("vision.", "aligner.", "image_", "vision_pipeline.")
@@ -196,6 +197,8 @@ class _Item:
     outputs: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = field(default_factory=list)
     raw: bool = False
     scale_outputs: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = field(default_factory=list)
+    cuts: tuple = ()        # shard_plan.Cut (dense coordinates) this rank reads (attention lanes)
+    experts: range | None = None  # stacked experts: the expert rows this rank reads (expert parallelism)
 
 
 def _spec(value: Any) -> tuple[tuple, torch.dtype]:
@@ -303,7 +306,12 @@ def _bind_scales(names: dict[str, _Stored]) -> tuple[dict[str, _Stored], dict[st
     return tensors, scales
 
 
-def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtype]], hint) -> list[_Item]:
+def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtype]], hint, plan=None,
+          skip: frozenset = frozenset(), partial: bool = False) -> list[_Item]:
+    """plan: a rank's ShardPlan (model_executor/shard_plan.py): `expected` then holds its slices' shapes
+    and only its experts; the checkpoint's full shapes are checked against the plan's full sizes.
+    skip: stored tensors not to load (the caller fills them); partial: `expected` is a subset, so the
+    checkpoint's other tensors are not errors."""
     tensors, scales = _bind_scales(names)
 
     items: list[_Item] = []
@@ -324,12 +332,18 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
             kind = _fmt(name, st, sc, exp_dtype)
             found = _dense_shape(name, st, sc, kind, hint)
             dense_exp = _dense_of_packed(exp_shape, kind) if raw else exp_shape
+            cuts = plan.cuts(name) if plan is not None else ()
+            if cuts:   # the checkpoint holds the full tensor: check it against the full sizes
+                if kind == "fp4":
+                    raise ValueError(f"tensor {name!r}: no sliced form of a packed fp4 weight")
+                full = {c.dim: c.full for c in cuts}
+                dense_exp = tuple(full.get(d, n) for d, n in enumerate(dense_exp))
             if name.endswith("engram.embed.weight"):
                 fix = _engram_rows(name, found, dense_exp, exp_dtype, st)
             else:
                 _check_shape(name, found, dense_exp, exp_dtype, st)
                 fix = _identity
-            item = _Item(st, sc, kind, [(name, fix)], raw=raw)
+            item = _Item(st, sc, kind, [(name, fix)], raw=raw, cuts=cuts)
             if raw:
                 item.scale_outputs.append((name[: -len(".weight")] + ".scale", fix))
             items.append(item)
@@ -345,11 +359,13 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
         item = stacked.get(key)
         st, sc = tensors[key], scales.get(key)
         if item is None:
-            item = _Item(st, sc, _fmt(key, st, sc, exp_dtype), raw=raw)
+            held = plan.moe_experts(name) if plan is not None else None
+            item = _Item(st, sc, _fmt(key, st, sc, exp_dtype), raw=raw, experts=held)
             stacked[key] = item
             items.append(item)
         found = _dense_shape(key, st, sc, item.fmt, hint)
         expert, which = int(m.group(2)), m.group(3)
+        row = expert - (item.experts.start if item.experts is not None else 0)   # in the rows read
         if raw:
             exp_shape = _dense_of_packed(exp_shape, item.fmt)
         rows = exp_shape[0]
@@ -358,11 +374,11 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
             raise ValueError(f"tensor {name!r}: expected shape {tuple(exp_shape)} dtype {_dtype_name(exp_dtype)} "
                              f"(from stacked {key!r} [E>{expert}, {want[1]}, {want[2]}]), found {st.describe()}")
         if which == "w1":
-            cut = lambda t, e=expert, r=rows: t[e, :r]  # noqa: E731
+            cut = lambda t, e=row, r=rows: t[e, :r]  # noqa: E731
         elif which == "w3":
-            cut = lambda t, e=expert, r=rows: t[e, r:]  # noqa: E731
+            cut = lambda t, e=row, r=rows: t[e, r:]  # noqa: E731
         else:
-            cut = lambda t, e=expert: t[e]  # noqa: E731
+            cut = lambda t, e=row: t[e]  # noqa: E731
         item.outputs.append((name, cut))
         if raw:
             if item.fmt != "fp4":   # a row cut of an fp8 block grid would split blocks
@@ -376,6 +392,11 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
     for key, item in stacked.items():
         n_experts = item.src.shape[0]
         got = {int(_EXPERT.match(n).group(2)) for n, _ in item.outputs}
+        if item.experts is not None:   # a rank of an EP group: the file holds every expert, we read ours
+            if n_experts != plan.moe_size(key) or got != set(item.experts):
+                raise ValueError(f"tensor {key!r}: stacked {n_experts} experts, the model has "
+                                 f"{plan.moe_size(key)} (this rank reads {item.experts}); found {item.src.describe()}")
+            continue
         if len(got) != n_experts:
             raise ValueError(f"tensor {key!r}: stacked {n_experts} experts but the model expects {len(got)}; "
                              f"found {item.src.describe()}")
@@ -383,10 +404,12 @@ def _plan(names: dict[str, _Stored], expected: dict[str, tuple[tuple, torch.dtyp
     has_mtp = any(n.startswith("mtp.") for n in expected)
     extra = []
     for name, st in tensors.items():
-        if name in used:
+        if name in used or name in skip or partial:
             continue
         if name.startswith("mtp.") and (not has_mtp or _MTP_OPTIONAL.match(name)):
             continue  # drafting tensors the model does not build (V4 MTP; DSpark head copies)
+        if plan is not None and not plan.holds(name):
+            continue  # another EP rank's expert
         extra.append(f"{name!r} ({st.describe()})")
     if extra:
         more = f" (and {len(extra) - 10} more)" if len(extra) > 10 else ""
@@ -403,10 +426,29 @@ def _dense_of_packed(codes_shape: tuple, kind: str) -> tuple:
     return (*codes_shape[:-1], 2 * codes_shape[-1]) if kind == "fp4" else tuple(codes_shape)
 
 
-def _raw(item: _Item, f_src, f_scale) -> tuple[torch.Tensor, torch.Tensor]:
+def _regions(item: _Item, hint, packed: bool) -> tuple[dict, dict, dict]:
+    """What of the item's codes and scale this rank reads, and what to cut after decoding
+    (model_executor/shard_plan.py); empty for a whole tensor."""
+    if item.experts is not None:
+        rows = {0: (item.experts.start, item.experts.stop)}
+        return rows, rows, {}
+    if not item.cuts:
+        return {}, {}, {}
+    if item.fmt != "fp8":
+        return {c.dim: (c.start, c.stop) for c in item.cuts}, {}, {}
+    block = infer_block_size(item.src.shape, item.scale.shape, hint)
+    return code_regions(item.src.key, item.cuts, block, packed)
+
+
+def _read(f, st: _Stored, region: dict) -> torch.Tensor:
+    return read_slice(f, st.key, len(st.shape), region)
+
+
+def _raw(item: _Item, f_src, f_scale, hint=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed item's stored codes and ue8m0 exponents, both as uint8 bytes."""
-    codes = f_src.get_tensor(item.src.key).view(torch.uint8)
-    s = f_scale.get_tensor(item.scale.key)
+    code_region, scale_region, _ = _regions(item, hint, packed=True)
+    codes = _read(f_src, item.src, code_region).view(torch.uint8)
+    s = _read(f_scale, item.scale, scale_region)
     if s.dtype in (torch.float8_e8m0fnu, torch.uint8):
         return codes, s.view(torch.uint8)
     try:   # float scales: exact powers of two become ue8m0 bytes, anything else cannot stay packed
@@ -417,12 +459,17 @@ def _raw(item: _Item, f_src, f_scale) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _decode(item: _Item, f_src, f_scale, hint) -> torch.Tensor:
-    t = f_src.get_tensor(item.src.key)
+    code_region, scale_region, trim = _regions(item, hint, packed=False)
+    t = _read(f_src, item.src, code_region)
     if item.fmt == "fp8":
-        s = f_scale.get_tensor(item.scale.key)
-        return dequant_fp8_block(t, s, infer_block_size(tuple(t.shape), tuple(s.shape), hint))
+        s = _read(f_scale, item.scale, scale_region)
+        block = infer_block_size(item.src.shape, item.scale.shape, hint)   # the stored tensor's grid
+        t = dequant_fp8_block(t, s, block)
+        for dim, (start, size) in trim.items():   # dense slices read whole blocks (shard_plan.covering)
+            t = t.narrow(dim, start, size)
+        return t
     if item.fmt == "fp4":
-        return dequant_fp4(t, f_scale.get_tensor(item.scale.key))
+        return dequant_fp4(t, _read(f_scale, item.scale, scale_region))
     return t
 
 
@@ -480,13 +527,17 @@ def stored_formats(model_dir: str | Path) -> dict:
 
 
 def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torch.dtype | None = None,
-                 progress: bool = True) -> dict[str, torch.Tensor]:
+                 progress: bool = True, plan=None, skip=(), partial: bool = False) -> dict[str, torch.Tensor]:
     """Read, rename and dequantize a checkpoint into {canonical name: dense tensor}.
 
     expected: canonical name -> anything with `.shape` and `.dtype` (a tensor, a meta tensor, or a
     `(shape, dtype)` tuple such as `tiny_checkpoint.expected_tensor_specs(cfg)`).
     dtype: output dtype of float tensors; the fp32 tensors of docs/model.md §2.1 stay fp32. None keeps
     each expected tensor's own dtype. Integer tensors (tid2eid) take the expected dtype.
+    plan: a rank's ShardPlan: only its slices and experts are read (get_slice), never a whole sharded
+    tensor; `expected` then lists the rank's own shapes (its model's state_dict).
+    skip: canonical names the checkpoint stores that are not read (e.g. Engram tables mapped from
+    shared memory, distributed/shared_tables.py); partial: load only `expected`, whatever else is stored.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -494,7 +545,7 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
     specs = {name: _spec(v) for name, v in expected.items()}
     names, _ = _canonical_names(_scan(model_dir))
     hint = _block_hint(model_dir)
-    items = _plan(names, specs, hint)
+    items = _plan(names, specs, hint, plan, frozenset(skip), partial)
 
     out: dict[str, torch.Tensor] = {}
     handles: dict[str, Any] = {}
@@ -506,7 +557,7 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
                     handles[st.file] = safe_open(str(model_dir / st.file), framework="pt")
             f_scale = handles[item.scale.file] if item.scale else None
             if item.raw:
-                codes, exps = _raw(item, handles[item.src.file], f_scale)
+                codes, exps = _raw(item, handles[item.src.file], f_scale, hint)
                 for name, cut in item.outputs:
                     out[name] = cut(codes).contiguous()
                     bar.update(1)
@@ -533,19 +584,26 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
 
 
 def load_checkpoint(model: torch.nn.Module, model_dir: str | Path, dtype: torch.dtype | None = None,
-                    progress: bool = True) -> dict[str, float]:
+                    progress: bool = True, skip=()) -> dict[str, float]:
     """Fill `model` (its state_dict names are the canonical names) from `model_dir`.
 
     Each tensor takes the model's own dtype unless `dtype` is given (then §2.1 fp32 tensors stay fp32).
     Meta-device models are materialized by assignment. Calls `model.post_load()` afterwards if the model
     has one (e.g. to stack expert weights). Returns {"tensors", "elements", "seconds"}.
+    skip: state_dict names left as the model holds them (and not read from the checkpoint).
     """
     started = time.perf_counter()
-    expected = model.state_dict(keep_vars=True)
-    weights = load_weights(model_dir, expected, dtype=dtype, progress=progress)
+    skip = frozenset(skip)
+    expected = {k: v for k, v in model.state_dict(keep_vars=True).items() if k not in skip}
+    plan = getattr(model, "shard_plan", None)
+    weights = load_weights(model_dir, expected, dtype=dtype, progress=progress,
+                           plan=plan if plan is not None and plan.sharded else None, skip=skip)
     on_meta = any(t.is_meta for t in expected.values())
     with torch.no_grad():
-        model.load_state_dict(weights, strict=True, assign=on_meta or dtype is not None)
+        result = model.load_state_dict(weights, strict=not skip, assign=on_meta or dtype is not None)
+    if skip and (set(result.missing_keys) != skip or result.unexpected_keys):
+        raise ValueError(f"load_checkpoint: skip names {sorted(skip - set(result.missing_keys))} are not "
+                         f"tensors of the model")
     if hasattr(model, "post_load"):
         model.post_load()
     return {"tensors": len(weights), "elements": sum(math.prod(t.shape) for t in weights.values()),

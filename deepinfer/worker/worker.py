@@ -33,21 +33,36 @@ def resolve_dtype(dtype, model_config) -> torch.dtype:
 
 
 def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool = True,
-                platform=None, weight_format: str = "dense") -> DeepseekV4Model:
+                platform=None, weight_format: str = "dense", parallel=None,
+                shared_tables=None) -> DeepseekV4Model:
     """The model with its checkpoint loaded. weight_format "packed": every tensor the checkpoint stores
     quantized (fp8 / fp4 codes with ue8m0 scales) stays in that form (layers/packed_weights.py), in
     the bytes the platform's kernels read; "dense": dequantized once, here. The model is built on the
-    meta device and materialized by the loader, so no weight is allocated twice."""
+    meta device and materialized by the loader, so no weight is allocated twice. parallel: this rank's
+    ParallelGroups (distributed/groups.py) when one model runs across ranks: the rank builds and reads
+    only its slices (model_executor/shard_plan.py).
+    shared_tables (distributed/shared_tables.py SharedEngramTables): the Engram tables are mapped from
+    the host's shared memory instead of loaded; None: so whenever `parallel` puts several ranks on this
+    host (docs/neuron.md §5.9); False: never."""
     from deepinfer.model_executor.loader import load_checkpoint, stored_formats
     if weight_format not in ("packed", "dense"):
         raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
     formats = stored_formats(model_dir) if weight_format == "packed" else {}
     with torch.device("meta"):
-        model = DeepseekV4Model(model_config, dtype, platform=platform)
+        model = DeepseekV4Model(model_config, dtype, platform=platform, parallel=parallel)
     model.use_weight_formats(formats)
-    load_checkpoint(model, model_dir, dtype, progress=progress)  # also runs model.post_load()
+    if shared_tables is None and parallel is not None:
+        from deepinfer.distributed.shared_tables import SharedEngramTables
+        shared_tables = SharedEngramTables.for_layout(parallel.layout)
+    shared_tables = shared_tables or None
+    skip = shared_tables.names(model) if shared_tables is not None else ()
+    load_checkpoint(model, model_dir, dtype, progress=progress, skip=skip)  # also runs model.post_load()
+    if shared_tables is not None:
+        shared_tables.attach(model, model_dir, platform)
     if platform is not None:
-        model.map_fp8_codes(platform.fp8_weight_codes)
+        convert = platform.fp8_weight_codes
+        model.map_fp8_codes(convert if shared_tables is None else shared_tables.keep_shared(convert))
+    model.shared_tables = shared_tables   # what the rank mapped (segment names), None when nothing
     model.eval()
     if platform is not None and platform.device.type != "cpu":
         model.to(platform.device)

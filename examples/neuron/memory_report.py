@@ -7,6 +7,14 @@ formats, by component; builds on the meta device, so nothing is allocated.
 --post-load also counts what `model.post_load()` adds once weights are loaded (the stacked expert
 copies). --dense-checkpoint counts a config without quantization_config as stored unquantized
 (default: DeepSeek's fp8/fp4 release format). See deepinfer/model_executor/memory_report.py.
+
+With --cp / --ep it is the full-scale dry run instead (deepinfer/model_executor/dry_run.py): every
+rank's shard built on meta under a fake process group, its weight / KV / Engram bytes, and with
+--step one decode step and one prompt chunk per distinct shard, their collectives and a labelled
+floor estimate on trn2:
+
+    python examples/neuron/memory_report.py --config examples/configs/v41-flash.json --cp 64 --ep 64 \
+        --step [--output out.json] [--attn-tp 8] [--nnodes 1] [--batch 8] [--context 4096] [--prefill-tokens 128]
 """
 import argparse
 import json
@@ -19,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.model_executor.memory_report import format_report, memory_report  # noqa: E402
+from deepinfer.model_executor.dry_run import dry_run, format_dry_run  # noqa: E402
 
 
 def load_config(path: str) -> ModelConfig:
@@ -40,8 +49,25 @@ def main(argv=None) -> dict:
                     help="without quantization_config, count the checkpoint as unquantized")
     ap.add_argument("--platform", default=None, choices=["cpu", "cuda", "neuron"],
                     help="platform whose kernel table the model is built with (default: none, the references)")
+    dry = ap.add_argument_group("full-scale dry run (any of --cp / --ep / --step)")
+    dry.add_argument("--cp", type=int, default=None, help="context_parallel_size")
+    dry.add_argument("--ep", type=int, default=None, help="expert_parallel_size")
+    dry.add_argument("--attn-tp", type=int, default=None, help="attention lane size (default min(cp, 8))")
+    dry.add_argument("--nnodes", type=int, default=1, help="hosts the ranks are spread over")
+    dry.add_argument("--step", action="store_true", help="also run a decode step and a prompt chunk per shard")
+    dry.add_argument("--batch", type=int, default=8, help="decode rows")
+    dry.add_argument("--context", type=int, default=4096, help="context length of the steps")
+    dry.add_argument("--prefill-tokens", type=int, default=128, help="prompt chunk tokens")
+    dry.add_argument("--kv-cache-mode", default="plain", choices=["plain", "compact"])
+    dry.add_argument("--output", help="write the dry run's JSON here (--json works too)")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
+    if args.cp is not None or args.ep is not None or args.step:
+        if args.platform or args.post_load or args.weight_format != "packed" or args.dense_checkpoint:
+            ap.error("the dry run builds what build_model holds (packed weights, post_load, the reference "
+                     "kernels, whose reads it counts): drop --platform / --post-load / --weight-format / "
+                     "--dense-checkpoint")
+        return _dry_run(args, cfg)
     platform = None
     if args.platform:
         from deepinfer.platforms import make_platform
@@ -56,6 +82,21 @@ def main(argv=None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+            f.write("\n")
+    return report
+
+
+def _dry_run(args, cfg) -> dict:
+    report = {"config_path": args.config,
+              **dry_run(cfg, cp=args.cp or 1, ep=args.ep or 1, attn_tp=args.attn_tp, nnodes=args.nnodes,
+                        steps=args.step, batch=args.batch, context=args.context,
+                        prefill_tokens=args.prefill_tokens, dtype=getattr(torch, args.dtype),
+                        kv_cache_mode=args.kv_cache_mode, log=lambda m: print(m, file=sys.stderr))}
+    print(format_dry_run(report))
+    out = args.output or args.json
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=2, default=str)
             f.write("\n")
     return report
 

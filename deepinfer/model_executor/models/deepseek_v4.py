@@ -11,16 +11,19 @@ Engram in v4_ffn.py, the shared caches / step context / LayerIO in v4_common.py.
 import torch
 from torch import nn
 
+from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.model_executor.forward_meta import StepInputs
 from deepinfer.model_executor.layers.kernels import KernelTable
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
 from deepinfer.model_executor.models.v4_attention import Attention
 from deepinfer.model_executor.models.v4_common import LayerIO, ModelCache, Norm, StepContext, f32_param, linear
 from deepinfer.model_executor.models.v4_ffn import Engram, MoE
+from deepinfer.model_executor.shard_plan import ShardPlan
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, layer: int, dtype, draft: bool = False, engram_spec=None):
+    def __init__(self, cfg, layer: int, dtype, draft: bool = False, engram_spec=None, shard=None):
+        """shard: (ShardPlan, ParallelGroups) of a rank of a split model, None for the whole model."""
         super().__init__()
         self.cfg, self.layer = cfg, layer
         dim, n = cfg.hidden_size, cfg.hc_mult
@@ -29,12 +32,18 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = Norm(dim, dtype)
         self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale = f32_param(mix, n * dim), f32_param(mix), f32_param(3)
         self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale = f32_param(mix, n * dim), f32_param(mix), f32_param(3)
-        self.attn = Attention(cfg, layer, dtype, draft=draft)
+        plan, groups = shard if shard is not None else (None, None)
+        lanes = plan is not None and plan.layout.attn_tp > 1
+        self.attn = Attention(cfg, layer, dtype, draft=draft, heads=plan.heads if lanes else None,
+                              lane=groups.lane if lanes else None)
         hashed = (not draft) and bool(cfg.hash_moe[layer])
-        if draft:
-            self.ffn = MoE(cfg, False, dtype, cfg.dspark_n_routed_experts, cfg.dspark_num_experts_per_tok)
-        else:
-            self.ffn = MoE(cfg, hashed, dtype)
+        n_experts = cfg.dspark_n_routed_experts if draft else cfg.n_routed_experts
+        topk = cfg.dspark_num_experts_per_tok if draft else cfg.n_experts_per_tok
+        ep = {}
+        if plan is not None and plan.layout.ep > 1:
+            ep = dict(experts=plan.experts(n_experts), ep=groups.ep,
+                      tokens_replicated=plan.layout.tokens_replicated_in_ep)
+        self.ffn = MoE(cfg, hashed, dtype, n_experts, topk, **ep)
         if engram_spec is not None and layer in engram_spec.layers:
             self.engram = Engram(cfg, layer, engram_spec.layer(layer).num_rows, dtype, engram_spec)
         self.is_target = (not draft) and cfg.is_v41 and layer in set(cfg.dspark_target_layer_ids or [])
@@ -98,7 +107,8 @@ class DecoderLayer(nn.Module):
         pre2, post2, comb2 = k.hc_mixes(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, eps, he, it)
         u = k.hc_pre(x, pre if cfg.hc_shifted else pre2)
         h = ctx.k.rms_norm(u, self.ffn_norm.weight, eps)
-        x = k.hc_post(x, self.ffn(h, ctx.step.input_ids, k, ctx.step.static_shapes), post2, comb2)
+        y = self.ffn(h, ctx.step.input_ids, k, ctx.step.static_shapes, ctx.step.token_valid)
+        x = k.hc_post(x, y, post2, comb2)
         return x, pre2
 
 
@@ -121,16 +131,23 @@ class DraftHeads(nn.Module):
 
 
 class DeepseekV4Model(nn.Module):
-    def __init__(self, cfg, dtype: torch.dtype = torch.float32, draft_layout: dict | None = None, platform=None):
+    def __init__(self, cfg, dtype: torch.dtype = torch.float32, draft_layout: dict | None = None, platform=None,
+                 parallel: ParallelGroups | None = None):
+        """parallel: this rank's process groups when the model runs across ranks (attention heads split
+        in lanes, routed experts over the EP group; model_executor/shard_plan.py); None: one rank holds
+        everything. The rank's parameters are then only its slices, under the checkpoint's names."""
         super().__init__()
         self.cfg = cfg
+        self.parallel = parallel
+        self.shard_plan = ShardPlan(cfg, parallel.layout) if parallel is not None else None
+        shard = (self.shard_plan, parallel) if parallel is not None and self.shard_plan.sharded else None
         self.kernels = KernelTable(platform)
         self.dtype = dtype
         dim = cfg.hidden_size
         self.embed = nn.Embedding(cfg.vocab_size, dim, dtype=dtype)
         self.engram_spec = make_engram_spec(cfg)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype, engram_spec=self.engram_spec) for i in range(cfg.num_layers))
+            DecoderLayer(cfg, i, dtype, engram_spec=self.engram_spec, shard=shard) for i in range(cfg.num_layers))
         self.norm = Norm(dim, dtype)
         self.head = linear(dim, cfg.vocab_size, dtype)
         if not cfg.hc_shifted:
@@ -143,7 +160,7 @@ class DeepseekV4Model(nn.Module):
             layout = draft_layout or default_draft_layout(nextn)
             self.mtp = nn.ModuleList()
             for i in range(nextn):
-                blk = DecoderLayer(cfg, cfg.num_layers + i, dtype, draft=True)
+                blk = DecoderLayer(cfg, cfg.num_layers + i, dtype, draft=True, shard=shard)
                 extras = DraftHeads(cfg, dtype, *layout[i])
                 for name, mod in extras.named_children():
                     blk.add_module(name, mod)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from deepinfer.distributed import comm
 from deepinfer.model_executor.layers.compressor import gather_overlap_slots
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
 from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
@@ -64,18 +65,27 @@ class Indexer(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, layer: int, dtype, draft: bool = False):
+    def __init__(self, cfg, layer: int, dtype, draft: bool = False, heads=None, lane=None):
+        """heads: this rank's HeadShard (model_executor/shard_plan.py) when attention is split over a
+        lane, None for all heads; lane: the lane's process group, over which the partial outputs are
+        summed (docs/neuron.md §5.6)."""
         super().__init__()
         self.cfg, self.layer = cfg, layer
-        d, h = cfg.head_dim, cfg.num_heads
+        d = cfg.head_dim
+        # local heads and output groups; wo_a's input width is one group's (or, for part of a group,
+        # this rank's heads' share of it)
+        self.n_heads = cfg.num_heads if heads is None else heads.heads
+        self.n_groups = cfg.o_groups if heads is None else heads.groups
+        group_in = cfg.num_heads * d // cfg.o_groups if heads is None else heads.cols
+        self.lane = lane
         self.wq_a = linear(cfg.hidden_size, cfg.q_lora_rank, dtype)
         self.q_norm = Norm(cfg.q_lora_rank, dtype)
-        self.wq_b = linear(cfg.q_lora_rank, h * d, dtype)
+        self.wq_b = linear(cfg.q_lora_rank, self.n_heads * d, dtype)
         self.wkv = linear(cfg.hidden_size, d, dtype)
         self.kv_norm = Norm(d, dtype)
-        self.wo_a = linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype)
-        self.wo_b = linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, dtype)
-        self.attn_sink = f32_param(h)
+        self.wo_a = linear(group_in, self.n_groups * cfg.o_lora_rank, dtype)
+        self.wo_b = linear(self.n_groups * cfg.o_lora_rank, cfg.hidden_size, dtype)
+        self.attn_sink = f32_param(self.n_heads)
         self.ratio = 0 if draft else cfg.compress_ratios[layer]
         self.rope_kind = "main" if self.ratio == 0 else "compress"
         spec = None if draft else compressor_spec(cfg, layer)
@@ -175,7 +185,7 @@ class Attention(nn.Module):
     def forward(self, h: torch.Tensor, ctx: StepContext, io: LayerIO) -> torch.Tensor:
         cfg, step = self.cfg, ctx.step
         t = h.shape[0]
-        nh, d = cfg.num_heads, cfg.head_dim
+        nh, d = self.n_heads, cfg.head_dim
         cq = ctx.k.rms_norm(linear_mm(h, self.wq_a, ctx.k), self.q_norm.weight, cfg.rms_norm_eps)
         q = linear_mm(cq, self.wq_b, ctx.k).view(t, nh, d)
         if not cfg.is_v41:
@@ -204,5 +214,7 @@ class Attention(nn.Module):
         if step.swa_write_dst.numel():
             ring[step.swa_write_dst] = io.fmt.swa.encode(kv[step.swa_write_src])
         o = ctx.k.rope(o, cos[:, None], sin[:, None], inverse=True)
-        z = grouped_mm(o.reshape(t, cfg.o_groups, -1), self.wo_a, ctx.k)   # [T, G, o_lora_rank]
-        return linear_mm(z.reshape(t, -1), self.wo_b, ctx.k)
+        z = grouped_mm(o.reshape(t, self.n_groups, -1), self.wo_a, ctx.k)   # [T, G, o_lora_rank]
+        # a lane rank's heads give a partial output; wo_a and wo_b are linear in the heads, so the
+        # lane's sum is the full output (identity without a lane)
+        return comm.all_reduce(linear_mm(z.reshape(t, -1), self.wo_b, ctx.k), self.lane)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from deepinfer.model_executor.layers.engram import engram_embed
+from deepinfer.model_executor.layers.ep_moe import ep_routed_experts
 from deepinfer.model_executor.layers.moe import route, swiglu
 from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table, linear_mm
 from deepinfer.model_executor.models.v4_common import StepContext, f32_param, linear
@@ -31,41 +32,61 @@ class Gate(nn.Module):
             self.bias_vl = f32_param(n_experts)
 
 
+class ExpertDict(nn.ModuleDict):
+    """The routed experts a rank holds, keyed by their global id (as a string, so state_dict names stay
+    the checkpoint's `ffn.experts.{id}.*`); `experts[id]` takes the int id too."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(str(key))
+
+
 class MoE(nn.Module):
-    def __init__(self, cfg, hashed: bool, dtype, n_experts: int | None = None, topk: int | None = None):
+    def __init__(self, cfg, hashed: bool, dtype, n_experts: int | None = None, topk: int | None = None,
+                 experts: range | None = None, ep=None, tokens_replicated: bool = True):
+        """experts: the global ids this rank holds (expert parallelism, model_executor/shard_plan.py),
+        None for all; ep: the EP process group (None: no collective, the rank's own partial sum);
+        tokens_replicated: every member of the EP group runs the same tokens (EP group inside a CP
+        group), layers/ep_moe.py."""
         super().__init__()
         self.cfg = cfg
         self.n_experts = n_experts or cfg.n_routed_experts
         self.topk = topk or cfg.n_experts_per_tok
         self.hashed = hashed
         self.gate = Gate(cfg, self.n_experts, self.topk, hashed, dtype)
-        self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_inter_size, dtype)
-                                     for _ in range(self.n_experts))
+        held = range(self.n_experts) if experts is None else experts
+        self.expert_start, self.n_local = held.start, len(held)
+        self.ep, self.tokens_replicated = ep, tokens_replicated
+        self.experts = ExpertDict({str(e): Expert(cfg.hidden_size, cfg.moe_inter_size, dtype) for e in held})
         self.shared_experts = Expert(cfg.hidden_size, cfg.moe_inter_size * max(1, cfg.n_shared_experts), dtype)
-        # The kernels read all experts stacked: [E, 2I, D] (gate rows first) and [E, D, I], or their packed
-        # fp4 codes and exponents. Non-persistent buffers: not checkpoint tensors, but moved by
+        # The kernels read the held experts stacked: [E, 2I, D] (gate rows first) and [E, D, I], or their
+        # packed fp4 codes and exponents. Non-persistent buffers: not checkpoint tensors, but moved by
         # model.to(device) like the weights. `pack` builds them and makes each expert's own tensors
         # views into them, so the weights are held once.
         for name in ("_w13", "_w2", "_w13_scale", "_w2_scale"):
             self.register_buffer(name, None, persistent=False)
 
     @property
+    def first_expert(self) -> Expert:
+        return next(iter(self.experts.values()))
+
+    @property
     def packed_experts(self) -> bool:
-        return isinstance(self.experts[0].w1, PackedFp4Weight)
+        return isinstance(self.first_expert.w1, PackedFp4Weight)
 
     def pack(self):
         """Stack the experts' weights once after loading; the per-expert modules keep the checkpoint
         names and become views of the stacks."""
-        rows = self.experts[0].w1.weight.shape[0]
-        self._w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
-        self._w2 = torch.stack([e.w2.weight for e in self.experts])
+        held = list(self.experts.values())
+        rows = held[0].w1.weight.shape[0]
+        self._w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in held])
+        self._w2 = torch.stack([e.w2.weight for e in held])
         if self.packed_experts:
-            self._w13_scale = torch.stack([torch.cat([e.w1.scale, e.w3.scale]) for e in self.experts])
-            self._w2_scale = torch.stack([e.w2.scale for e in self.experts])
+            self._w13_scale = torch.stack([torch.cat([e.w1.scale, e.w3.scale]) for e in held])
+            self._w2_scale = torch.stack([e.w2.scale for e in held])
         elif self._w13.dtype == torch.float32:  # fp32: stored transposed (see DeepseekV4Model.post_load)
             self._w13 = self._w13.transpose(1, 2).contiguous().transpose(1, 2)
             self._w2 = self._w2.transpose(1, 2).contiguous().transpose(1, 2)
-        for i, e in enumerate(self.experts):
+        for i, e in enumerate(held):
             _rebind(e.w1, "weight", self._w13[i, :rows])
             _rebind(e.w3, "weight", self._w13[i, rows:])
             _rebind(e.w2, "weight", self._w2[i])
@@ -74,20 +95,30 @@ class MoE(nn.Module):
                 _rebind(e.w3, "scale", self._w13_scale[i, rows:])
                 _rebind(e.w2, "scale", self._w2_scale[i])
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k, static_shapes: bool = False) -> torch.Tensor:
+    def run_experts(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, k, static_shapes: bool) -> torch.Tensor:
+        """The held experts' weighted sum for rows x; idx are local expert ids ([0, n_local)), in x's dtype."""
+        limit = self.cfg.swiglu_limit
+        if self.packed_experts:
+            experts = k.fp4_static_experts if static_shapes else k.fp4_routed_experts
+            return experts(x, idx, w, self._w13, self._w13_scale, self._w2, self._w2_scale,
+                           self.first_expert.w1.group, limit)
+        experts = k.moe_experts_static if static_shapes else k.moe_experts
+        return experts(x, idx, w, self._w13, self._w2, limit)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k, static_shapes: bool = False,
+                token_valid: torch.Tensor | None = None) -> torch.Tensor:
         if self._w13 is None:
             self.pack()
         hashed = self.gate.tid2eid[token_ids] if self.hashed else None
         bias = None if self.hashed else self.gate.bias
         idx, w = route(x, self.gate.weight, bias, self.topk, self.cfg.routed_scaling_factor, hashed)
-        limit = self.cfg.swiglu_limit
-        if self.packed_experts:
-            experts = k.fp4_static_experts if static_shapes else k.fp4_routed_experts
-            y = experts(x, idx, w, self._w13, self._w13_scale, self._w2, self._w2_scale,
-                        self.experts[0].w1.group, limit)
+        if self.n_local == self.n_experts:
+            if token_valid is not None:   # placeholder rows select no expert: zero weights
+                w = torch.where(token_valid[:, None], w, torch.zeros_like(w))
+            y = self.run_experts(x, idx, w, k, static_shapes)
         else:
-            experts = k.moe_experts_static if static_shapes else k.moe_experts
-            y = experts(x, idx, w, self._w13, self._w2, limit)
+            y = ep_routed_experts(self, x, idx, w, token_valid, k, static_shapes)
+        limit = self.cfg.swiglu_limit
         s = self.shared_experts
         if isinstance(s.w1, PackedFp8Linear):
             return y + linear_mm(swiglu(linear_mm(x, s.w1, k), linear_mm(x, s.w3, k), limit), s.w2, k)
