@@ -29,7 +29,6 @@ other fp8 weights; the creator applies it to the tables as it fills them.
 """
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
 import secrets
@@ -46,9 +45,10 @@ SEGMENT_PREFIX = "deepinfer-engram-"
 _ALIGN = 64            # every part of a segment starts on a cache line (and any dtype's alignment)
 _FILLED = b"filled"
 _FAILED = "!"          # a store value starting with this is the creator's error, not a segment name
-# Every rank attaches its tables once per model it builds, in the same order, so a per-process count
-# names each attach's store keys alike on every rank (a second model in the same run gets new keys).
-_attach_count = itertools.count()
+# Every rank attaches its tables once per model it builds, in the same order, so the count of this
+# rank's attaches *in this store* names each attach's keys alike on every rank (a second model on the
+# same store gets new keys). Counted in the store, not per process: an engine's followers are fresh
+# processes (worker/ranks.py) while its driver may have built models before, each with its own store.
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class SharedEngramTables:
         tables = table_layouts(model)
         if not tables:
             return 0
-        self._attach_id = next(_attach_count)
+        self._attach_id = self.store.add(f"deepinfer/engram_tables/attaches/rank{self.layout.rank}", 1) - 1
         if self.is_creator:
             views = self._create(tables, model_dir, platform)
         else:
