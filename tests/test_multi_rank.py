@@ -2,10 +2,10 @@
 the /dev/shm step ring, driven through LLM.generate, `deepinfer follow`, the server and the bench.
 
 Every configuration must give the single-rank tokens, greedy and seeded, for prompts of different
-lengths in one batch. Until the model itself is sharded (build_model(parallel=...)) every rank holds
-the whole model, so equality checks the process side: each rank runs the step it was sent (a wrong
-slot, order or padding changes the tokens: data-parallel groups hold their sequences' KV alone) and
-the driver gets every group's logits back in chunk order. fp32: in bf16 the logits of one row change
+lengths in one batch. Each rank holds its slices of the model (build_model(parallel=...)), so every
+step needs every rank: the lanes all-reduce attention, the EP groups exchange tokens; data-parallel
+groups hold their sequences' KV alone, so a wrong slot, order or padding changes the tokens, and the
+driver must get every group's logits back in chunk order. fp32: in bf16 the logits of one row change
 (~0.1) with the batch it shares a GEMM with, even on one rank.
 """
 from __future__ import annotations

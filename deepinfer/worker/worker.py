@@ -1,6 +1,5 @@
 """One rank: selects its device through the platform, builds the model and its caches, and holds the
 ModelRunner (worker/model_runner.py) that runs each step; turns scheduled sequences into sampled tokens."""
-import inspect
 import logging
 import time
 
@@ -69,14 +68,6 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     return model
 
 
-def _build_kwargs(parallel) -> dict:
-    """`parallel=` for build_model where it takes one (the sharded model); without it every rank holds
-    the whole model (replicated), which computes the same tokens."""
-    if parallel is None or "parallel" not in inspect.signature(build_model).parameters:
-        return {}
-    return {"parallel": parallel}
-
-
 def kv_pool_blocks(engine_config, block_size: int, bytes_per_block: int) -> int:
     """KV blocks of the pool: engine_config.num_kv_blocks, else as many as kv_cache_memory_bytes holds
     (at most what max_num_seqs sequences of max_model_len need), never fewer than one such sequence."""
@@ -115,7 +106,7 @@ class Worker:
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
                                                                  progress=progress, platform=self.platform,
                                                                  weight_format=self.weight_format,
-                                                                 **_build_kwargs(parallel))
+                                                                 parallel=parallel)
         cfg = model_config
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
