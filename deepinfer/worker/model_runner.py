@@ -12,7 +12,9 @@ A rank that runs the step without sampling passes `samples=None` and gets the lo
 model spread over ranks (worker/step_fanout.py), `run` is the driver's entry: prepare builds every
 data-parallel group's rows, `publish` hands them to the followers (which run the same `execute`
 from their `follow` loop and never sample), and execute gathers every group's real logits rows back
-into chunk order before the driver scores and samples. A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
+into chunk order before the driver scores and samples.
+
+A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
 its chunk's logits rows, which then take no SampleRequest (layers/token_scores.py). Rows are
 SeqChunks, so a multi-token decode row (speculative verification) is a chunk with num_new > 1 and
 num_logits > 1, and brings one SampleRequest per logits row.
