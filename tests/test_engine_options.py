@@ -37,6 +37,7 @@ OTHER_VALUES = {
     "kv_cache_memory_bytes": 12345,
     "kv_cache_mode": "compact",
     "weight_format": "packed",
+    "num_speculative_tokens": 3,
 }
 
 
