@@ -133,6 +133,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_mode must be one of {_KV_CACHE_MODES}, got {self.kv_cache_mode!r}")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
         if self.num_speculative_tokens:
+            # A decode row verifies all of its drafts in one step.
+            if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
+                raise ValueError(f"max_num_batched_tokens must be >= 1 + num_speculative_tokens "
+                                 f"({1 + self.num_speculative_tokens}), got {self.max_num_batched_tokens}")
             for name in ("context_parallel_size", "expert_parallel_size"):
                 if int(getattr(self, name, 1) or 1) > 1:
                     raise ValueError(f"num_speculative_tokens > 0 is not supported with {name} > 1 yet")

@@ -105,7 +105,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.set_drafts(None)  # the recomputed prefill drafts again from its own sample
+        # The drafts stay: the recomputed prefill's last chunk verifies them (the same draws).
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -115,9 +115,18 @@ class Scheduler:
         self.running.insert(bisect.bisect(keys, _arrival_key(seq)), seq)
 
     # ---- scheduling -----------------------------------------------------------------------
-    def _decode_len(self, seq: Sequence) -> int:
-        # Tokens a decode row feeds: the last sampled token and the drafts it verifies.
-        return 1 + len(seq.draft_token_ids)
+    def _fit_drafts(self, seq: Sequence, want: int, budget: int) -> tuple[int, list[int]] | None:
+        """(tokens, drafts) of a prompt chunk of `want` tokens. A chunk that reaches the sequence's
+        last token (the last chunk of a recomputed prefill) verifies all of its drafts, so that
+        preemption changes no draw; when they do not fit, the chunk stops one token short and the
+        last token goes with its drafts next step. None: nothing fits this step."""
+        n = len(seq.draft_token_ids)
+        if not n or seq.num_computed_tokens + want != len(seq):
+            return want, []
+        room = min(budget, self.block_manager.max_tokens_coverable(seq) - seq.num_computed_tokens)
+        if want + n <= room:
+            return want, list(seq.draft_token_ids)
+        return (want - 1, []) if want > 1 else None
 
     def schedule(self) -> SchedulerOutput:
         bm = self.block_manager
@@ -134,10 +143,9 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this step
                 continue
             is_decode = seq.num_pending_tokens == 1
-            want = self._decode_len(seq) if is_decode else min(seq.num_pending_tokens, budget)
-            if is_decode and want > 1:
-                # Drafts only use room that is there: the budget and the pool never evict for them.
-                want = max(1, min(want, budget, bm.max_tokens_coverable(seq) - seq.num_computed_tokens))
+            # A decode row verifies all of its drafts (never fewer: the sampled draws depend on how
+            # many), or waits for a step with room.
+            want = 1 + len(seq.draft_token_ids) if is_decode else min(seq.num_pending_tokens, budget)
             if want < 1 or want > budget:
                 continue
             while True:
@@ -156,8 +164,14 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 continue
+            if is_decode:
+                drafts = list(seq.draft_token_ids)
+            else:
+                fitted = self._fit_drafts(seq, want, budget)
+                if fitted is None:
+                    continue
+                want, drafts = fitted[0] + len(fitted[1]), fitted[1]
             # A decode row feeds the last sampled token (a 1-token prompt tail is prefill).
-            drafts = seq.draft_token_ids[:want - 1] if is_decode else []
             self._schedule(out, seq, want, is_decode and seq.num_output_tokens > 0, drafts)
             taken.add(seq.seq_id)
             budget -= want
@@ -168,12 +182,14 @@ class Scheduler:
             seq = self.waiting[0]
             want = min(seq.num_pending_tokens, budget,
                        bm.max_tokens_coverable(seq) - seq.num_computed_tokens)
-            if want < 1:
+            fitted = self._fit_drafts(seq, want, budget) if want >= 1 else None
+            if fitted is None:
                 break  # FCFS: the head waits for blocks; nobody overtakes it
+            want, drafts = fitted[0] + len(fitted[1]), fitted[1]
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self._insert_running(seq)
-            self._schedule(out, seq, want)
+            self._schedule(out, seq, want, drafts=drafts)
             budget -= want
 
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
