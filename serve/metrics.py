@@ -162,6 +162,8 @@ def _spec_families(view: _EngineView, spec) -> Iterator[Metric]:
                             "Output tokens per decode request-step (1 without drafts).", labels=[MODEL_LABEL])
     tps.add_metric([view.model_name], spec.tokens_per_step if spec else 0.0)
     yield tps
+    if not spec or not spec.verified_at_depth:  # per-depth families only once drafts were verified
+        return
     depth = ["depth"]
     verified = CounterMetricFamily(PREFIX + "spec_decode_verified_at_depth",
                                    "Rows that verified a draft at this depth (0-based).",
@@ -171,7 +173,7 @@ def _spec_families(view: _EngineView, spec) -> Iterator[Metric]:
                                    labels=[MODEL_LABEL, *depth])
     rate = GaugeMetricFamily(PREFIX + "spec_decode_accept_rate",
                              "Accepted / verified drafts at this depth (0-based).", labels=[MODEL_LABEL, *depth])
-    for j, (v, a) in enumerate(zip(spec.verified_at_depth, spec.accepted_at_depth) if spec else ()):
+    for j, (v, a) in enumerate(zip(spec.verified_at_depth, spec.accepted_at_depth)):
         verified.add_metric([view.model_name, str(j)], v)
         accepted.add_metric([view.model_name, str(j)], a)
         rate.add_metric([view.model_name, str(j)], a / v if v else 0.0)

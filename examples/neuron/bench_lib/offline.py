@@ -29,6 +29,7 @@ class EngineArgs:
     seed: int
     temperature: float
     weight_format: str = "auto"
+    num_speculative_tokens: int = 0
 
 
 class OfflineDriver:
@@ -45,7 +46,8 @@ class OfflineDriver:
         self.engine = LLMEngine(EngineConfig(
             model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-            enforce_eager=args.enforce_eager, seed=args.seed, weight_format=args.weight_format))
+            enforce_eager=args.enforce_eager, seed=args.seed, weight_format=args.weight_format,
+            num_speculative_tokens=args.num_speculative_tokens))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()
@@ -63,6 +65,10 @@ class OfflineDriver:
             self.step_buckets[key] += 1
             return step, bucket
         strategy.prepare = counting_prepare
+
+    def spec_stats(self):
+        """The engine's speculative-decoding counters now (engine/spec_state.SpecDecodeStats)."""
+        return self.engine.stats().spec_decode
 
     @property
     def num_graphs(self) -> int | None:
