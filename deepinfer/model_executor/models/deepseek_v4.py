@@ -150,6 +150,7 @@ class DeepseekV4Model(nn.Module):
                     blk.add_module(name, mod)
                 self.mtp.append(blk)
         self.writes_draft_keys = False  # set by enable_drafting (speculative decoding)
+        self.target_capture: list | None = None  # a list to append each forward's DSpark target features to
         yarn = cfg.rope_scaling
         self.rotary = {
             "main": RotaryEmbedding(cfg.rope_dim, cfg.rope_theta),
@@ -198,6 +199,8 @@ class DeepseekV4Model(nn.Module):
             layer.collect(io, ctx)
         if self.writes_draft_keys:
             dspark_draft.write_main_keys(self, ctx)
+        if self.target_capture is not None:  # draft distillation (examples/neuron/distill_tiny_drafts.py)
+            self.target_capture.append(dspark_draft.target_features(self, ctx))
         x = x[step.logits_indices]
         if cfg.hc_shifted:
             h = self.kernels.hc_pre(x, prev_pre[step.logits_indices])

@@ -47,14 +47,23 @@ def check_draftable(cfg) -> None:
         raise ValueError("DSpark drafting runs the shifted HC path (hc_shifted must be true)")
 
 
+def target_features(model, ctx: StepContext) -> torch.Tensor:
+    """F = concat_tau f_tau(t) [T, D * targets], in dspark_target_layer_ids order."""
+    return torch.cat([ctx.targets[t] for t in model.cfg.dspark_target_layer_ids], dim=-1)
+
+
+def project_features(model, f: torch.Tensor) -> torch.Tensor:
+    """m = RMS(F . W_main^T; main_norm)."""
+    k, blk = model.kernels, model.mtp[0]
+    return k.rms_norm(linear_mm(f, blk.main_proj, k), blk.main_norm.weight, model.cfg.rms_norm_eps)
+
+
 def main_features(model, ctx: StepContext, rows: torch.Tensor | None = None) -> torch.Tensor:
     """m_t = RMS(concat_tau f_tau(t) . W_main^T; main_norm) for the step's tokens (`rows` of them)."""
-    cfg, k = model.cfg, model.kernels
-    f = torch.cat([ctx.targets[t] for t in cfg.dspark_target_layer_ids], dim=-1)
+    f = target_features(model, ctx)
     if rows is not None:
         f = f.index_select(0, rows)
-    blk = model.mtp[0]
-    return k.rms_norm(linear_mm(f, blk.main_proj, k), blk.main_norm.weight, cfg.rms_norm_eps)
+    return project_features(model, f)
 
 
 def main_key(model, blk, m: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
