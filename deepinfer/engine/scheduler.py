@@ -115,18 +115,20 @@ class Scheduler:
         self.running.insert(bisect.bisect(keys, _arrival_key(seq)), seq)
 
     # ---- scheduling -----------------------------------------------------------------------
-    def _fit_drafts(self, seq: Sequence, want: int, budget: int) -> tuple[int, list[int]] | None:
+    def _fit_drafts(self, seq: Sequence, want: int, budget: int) -> tuple[int, list[int]]:
         """(tokens, drafts) of a prompt chunk of `want` tokens. A chunk that reaches the sequence's
         last token (the last chunk of a recomputed prefill) verifies all of its drafts, so that
         preemption changes no draw; when they do not fit, the chunk stops one token short and the
-        last token goes with its drafts next step. None: nothing fits this step."""
+        last token goes with its drafts next step. A lone last token that still cannot take them goes
+        without (the pool is full and prompt chunks never evict: waiting could stall every row);
+        only then can a sampled request's tokens differ from an unpreempted run."""
         n = len(seq.draft_token_ids)
         if not n or seq.num_computed_tokens + want != len(seq):
             return want, []
         room = min(budget, self.block_manager.max_tokens_coverable(seq) - seq.num_computed_tokens)
         if want + n <= room:
             return want, list(seq.draft_token_ids)
-        return (want - 1, []) if want > 1 else None
+        return (want - 1, []) if want > 1 else (want, [])
 
     def schedule(self) -> SchedulerOutput:
         bm = self.block_manager
@@ -167,10 +169,8 @@ class Scheduler:
             if is_decode:
                 drafts = list(seq.draft_token_ids)
             else:
-                fitted = self._fit_drafts(seq, want, budget)
-                if fitted is None:
-                    continue
-                want, drafts = fitted[0] + len(fitted[1]), fitted[1]
+                want, drafts = self._fit_drafts(seq, want, budget)
+                want += len(drafts)
             # A decode row feeds the last sampled token (a 1-token prompt tail is prefill).
             self._schedule(out, seq, want, is_decode and seq.num_output_tokens > 0, drafts)
             taken.add(seq.seq_id)
@@ -182,10 +182,10 @@ class Scheduler:
             seq = self.waiting[0]
             want = min(seq.num_pending_tokens, budget,
                        bm.max_tokens_coverable(seq) - seq.num_computed_tokens)
-            fitted = self._fit_drafts(seq, want, budget) if want >= 1 else None
-            if fitted is None:
+            if want < 1:
                 break  # FCFS: the head waits for blocks; nobody overtakes it
-            want, drafts = fitted[0] + len(fitted[1]), fitted[1]
+            want, drafts = self._fit_drafts(seq, want, budget)
+            want += len(drafts)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self._insert_running(seq)

@@ -38,10 +38,10 @@ def parse_args(argv=None):
     ap.add_argument("--model", required=True, help="tiny V4.1 checkpoint (with draft layers)")
     ap.add_argument("--out", required=True, help="directory of the distilled checkpoint")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prompts", type=int, default=48, help="greedy continuations to train on")
+    ap.add_argument("--prompts", type=int, default=64, help="greedy continuations to train on")
     ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--gen-len", type=int, default=96)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--batch", type=int, default=32, help="anchors per step")
     ap.add_argument("--blocks", default="3,5", help="block sizes B, alternated over steps")
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -56,8 +56,12 @@ def parse_args(argv=None):
 def greedy_continuations(llm, args, vocab: int) -> list[list[int]]:
     from deepinfer import SamplingParams
     g = torch.Generator().manual_seed(args.seed)
-    prompts = [[0] + torch.randint(3, min(vocab, 128000), (args.prompt_len - 1,), generator=g).tolist()
+    # Every other prompt starts with BOS (0), the rest with a random id like the bench's prompts
+    # (examples/neuron/bench_lib/prompts.py): the continuations differ, and the drafts must see both.
+    prompts = [torch.randint(3, min(vocab, 128000), (args.prompt_len,), generator=g).tolist()
                for _ in range(args.prompts)]
+    for p in prompts[::2]:
+        p[0] = 0
     params = SamplingParams(temperature=0.0, max_tokens=args.gen_len, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)]
