@@ -32,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # deepinfer, from a
 
 import torch  # noqa: E402
 
+HIDDEN_WEIGHT = 10.0  # weight of the hidden-state cosine term against the cross-entropy
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,20 +70,25 @@ def greedy_continuations(llm, args, vocab: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def target_features(model, worker, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """F [N, D * targets] of each whole sequence, from one main forward each (the engine's runner)."""
+def target_features(model, worker, seqs: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per whole sequence, from one main forward (the engine's runner strategy): the target features
+    F [N, D * targets] and the main model's final normed hidden state [N, D] at every position (its
+    logits are head . that, and the draft rows share the head)."""
     from deepinfer.model_executor.forward_meta import SeqChunk
     blocks = list(range(1, 1 + -(-max(map(len, seqs)) // worker.block_size)))
-    feats = []
+    feats, hidden = [], []
     model.target_capture = []
+    runner = worker.runner
     try:
         for s in seqs:
             model.target_capture.clear()
-            worker.runner.run([SeqChunk(slot=1, ctx_len=0, num_new=len(s), block_table=blocks, token_ids=s)])
+            chunk = SeqChunk(slot=1, ctx_len=0, num_new=len(s), block_table=blocks, token_ids=s, num_logits=len(s))
+            step, _ = runner.strategy.prepare([chunk])
+            hidden.append(model.hidden_states(step, runner.cache).float().clone())
             feats.append(model.target_capture[0].float().clone())
     finally:
         model.target_capture = None
-    return feats
+    return feats, hidden
 
 
 def draft_parameters(model) -> list[torch.Tensor]:
@@ -112,8 +119,11 @@ def anchor_batch(seqs, prompt_len: int, b: int, n: int, gen: torch.Generator):
     return out
 
 
-def draft_loss(model, seqs, feats, anchors, b: int):
-    """Cross-entropy of the draft rows against the true continuation, plus the confidence BCE."""
+def draft_loss(model, seqs, feats, anchors, b: int, main_hidden=None):
+    """Cross-entropy of the draft rows against the true continuation, the cosine distance of their
+    normed hidden state to the main model's at the same position (the head is shared, so this
+    matches the whole logit vector, not only its argmax: it is what lets the draft generalise to
+    unseen prompts), and the confidence BCE."""
     from deepinfer.model_executor.forward_meta import CacheLayout
     from deepinfer.model_executor.models import dspark_draft
     from deepinfer.model_executor.models.v4_common import ModelCache
@@ -144,6 +154,11 @@ def draft_loss(model, seqs, feats, anchors, b: int):
     pe = dspark_draft.markov_embed(model, prev)
     logits = base + dspark_draft.markov_logits(model, pe)
     ce = torch.nn.functional.cross_entropy(logits, target)
+    if main_hidden is not None:
+        # row k sits at position a+1+k, where the main model's own normed hidden state predicts a+2+k
+        want = torch.stack([main_hidden[i][a + 1 + k] for i, a in anchors for k in range(b)])
+        got = model.kernels.rms_norm(hidden, model.mtp[-1].norm.weight, cfg.rms_norm_eps)
+        ce = ce + HIDDEN_WEIGHT * (1 - torch.nn.functional.cosine_similarity(got, want, dim=-1)).mean()
     right = (logits.argmax(dim=-1) == target).float()
     conf = dspark_draft.confidence(model, hidden, pe)
     bce = torch.nn.functional.binary_cross_entropy(conf.clamp(1e-6, 1 - 1e-6), right)
@@ -190,7 +205,7 @@ def main(argv=None) -> int:
         print("error: --model needs a deepseek_v41 checkpoint with draft layers", file=sys.stderr)
         return 2
     seqs = greedy_continuations(llm, args, cfg.vocab_size)
-    feats = target_features(model, engine.worker, seqs)
+    feats, main_hidden = target_features(model, engine.worker, seqs)
     t_data = time.perf_counter() - t0
     print(f"data: {len(seqs)} greedy continuations of {args.gen_len} tokens in {t_data:.1f} s", flush=True)
 
@@ -202,7 +217,8 @@ def main(argv=None) -> int:
     t1 = time.perf_counter()
     for it in range(args.steps):
         b = args.blocks[it % len(args.blocks)]
-        ce, bce, acc = draft_loss(model, seqs, feats, anchor_batch(seqs, args.prompt_len, b, args.batch, gen), b)
+        ce, bce, acc = draft_loss(model, seqs, feats, anchor_batch(seqs, args.prompt_len, b, args.batch, gen), b,
+                                  main_hidden)
         opt.zero_grad(set_to_none=True)
         (ce + 0.1 * bce).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -216,17 +232,24 @@ def main(argv=None) -> int:
     for p in params:
         p.requires_grad_(False)
     with torch.no_grad():
-        evals = {}
+        # held-out: continuations of prompts never trained on (what the bench sees), and the training set
+        fresh_args = argparse.Namespace(**{**vars(args), "seed": args.seed + 7919, "prompts": 8})
+        fresh = greedy_continuations(llm, fresh_args, cfg.vocab_size)
+        fresh_feats, _ = target_features(model, engine.worker, fresh)
+        evals, held = {}, {}
         for b in args.blocks:
             _, _, acc = draft_loss(model, seqs, feats, anchor_batch(seqs, args.prompt_len, b, 256, hold), b)
             evals[b] = acc.tolist()
+            _, _, acc = draft_loss(model, fresh, fresh_feats, anchor_batch(fresh, args.prompt_len, b, 256, hold), b)
+            held[b] = acc.tolist()
     n = write_checkpoint(args.model, args.out, model)
     report = {"seed": args.seed, "data_s": t_data, "train_s": t_train, "steps": args.steps,
-              "tensors_written": n, "train_top1_per_depth_by_block": evals, "history": history}
+              "tensors_written": n, "train_top1_per_depth_by_block": evals,
+              "heldout_top1_per_depth_by_block": held, "history": history}
     with open(os.path.join(args.out, "distill_report.json"), "w") as f:
         json.dump(report, f, indent=2)
-    print(f"trained {args.steps} steps in {t_train:.1f} s; training-set top-1 per depth: {evals}; "
-          f"wrote {n} mtp tensors to {args.out}")
+    print(f"trained {args.steps} steps in {t_train:.1f} s; top-1 per depth, training set: {evals}; "
+          f"held-out prompts: {held}; wrote {n} mtp tensors to {args.out}")
     return 0
 
 
