@@ -152,3 +152,22 @@ def test_speculation_needs_v41_draft_layers(tiny_v4_dir):
         EngineConfig(model=str(tiny_v4_dir), num_speculative_tokens=3).resolve(cfg)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         EngineConfig(model=str(tiny_v4_dir), num_speculative_tokens=-1)
+
+
+def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, monkeypatch):
+    """A request asking for logprobs drafts nothing and samples as before, next to drafting rows."""
+    prompts, want = plain
+    _oracle(monkeypatch, prompts, want)
+    params = [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=14, ignore_eos=True, logprobs=2)]
+    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts[:2], params, use_tqdm=False)
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    outs = llm.generate(prompts[:2], params, use_tqdm=False)
+    assert _tokens(outs) == _tokens(ref) and _tokens(outs)[0] == want[0]
+    assert outs[0].metrics.num_accepted_tokens > 0 and outs[1].metrics.num_draft_tokens == 0
+    got, exp = outs[1].outputs[0].logprobs, ref[1].outputs[0].logprobs
+    assert len(got) == 14 and [sorted(e) for e in got] == [sorted(e) for e in exp]
+    for g, e in zip(got, exp):
+        for t in e:
+            # the step's batch differs (verification rows beside it): last-bit noise may move the rank
+            # of a sampled token that ties others deep in the distribution, never the top entries
+            assert abs(g[t].logprob - e[t].logprob) < 1e-4 and (g[t].rank == e[t].rank or e[t].rank > 2)
