@@ -117,6 +117,10 @@ class EngineConfig:
     master_port: int | None = _option(
         None, value_type=int, default_text="a free port on a single node; required with nnodes > 1",
         help="TCP port of the torch.distributed store on master_addr")
+    num_speculative_tokens: int = _option(
+        0, help="DSpark drafts verified per sequence and decode step (speculative decoding with the "
+                "checkpoint's draft layers; deepseek_v41 checkpoints with num_nextn_predict_layers > 0 "
+                "only); 0 = off")
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -145,6 +149,15 @@ class EngineConfig:
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
         if self.kv_cache_mode not in _KV_CACHE_MODES:
             raise ValueError(f"kv_cache_mode must be one of {_KV_CACHE_MODES}, got {self.kv_cache_mode!r}")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
+        if self.num_speculative_tokens:
+            # A decode row verifies all of its drafts in one step.
+            if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
+                raise ValueError(f"max_num_batched_tokens must be >= 1 + num_speculative_tokens "
+                                 f"({1 + self.num_speculative_tokens}), got {self.max_num_batched_tokens}")
+            for name in ("context_parallel_size", "expert_parallel_size"):
+                if int(getattr(self, name, 1) or 1) > 1:
+                    raise ValueError(f"num_speculative_tokens > 0 is not supported with {name} > 1 yet")
         if self.weight_format not in _WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {_WEIGHT_FORMATS}, got {self.weight_format!r}")
         self._check_parallel()
@@ -192,6 +205,14 @@ class EngineConfig:
                 f"max_model_len must be in [2, {max_pos}] (the model's max_position_embeddings), "
                 f"got {self.max_model_len}")
         self.parallel_layout().check_model(model_config)
+        if self.num_speculative_tokens:
+            if getattr(model_config, "model_type", None) != "deepseek_v41" \
+                    or not getattr(model_config, "num_nextn_predict_layers", 0):
+                raise ValueError(
+                    f"num_speculative_tokens={self.num_speculative_tokens} needs a deepseek_v41 checkpoint "
+                    f"with DSpark draft layers (num_nextn_predict_layers > 0); this one is "
+                    f"{getattr(model_config, 'model_type', None)!r} with "
+                    f"{getattr(model_config, 'num_nextn_predict_layers', 0)} draft layers")
         return self
 
 

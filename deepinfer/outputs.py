@@ -97,6 +97,16 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # Decode steps and what they gave (speculative decoding, summed over the request's samples):
+    # tokens per decode step = num_decode_tokens / num_decode_steps; drafts verified / accepted.
+    num_decode_steps: int = 0
+    num_decode_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def tokens_per_decode_step(self) -> float | None:
+        return self.num_decode_tokens / self.num_decode_steps if self.num_decode_steps else None
 
 
 @dataclass(slots=True)

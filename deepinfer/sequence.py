@@ -100,6 +100,16 @@ class Sequence:
     # What the engine already reported to the caller (see take_delta).
     num_emitted_tokens: int = 0
     num_emitted_chars: int = 0
+    # Speculative decoding: drafts for the next step (verified then, committed only if accepted),
+    # their draft distribution q ([n, V] for sampled requests, None for greedy) and confidences.
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_logprobs: Any = None
+    draft_confidences: list[float] = field(default_factory=list)
+    num_last_emitted: int = 0    # tokens the latest step appended (1, or accepted drafts + 1)
+    num_decode_steps: int = 0    # decode steps this sequence took part in
+    num_decode_tokens: int = 0   # tokens those steps emitted
+    num_draft_tokens: int = 0    # drafts verified
+    num_accepted_tokens: int = 0  # drafts accepted
     # prompt + outputs, kept alongside output_token_ids so reading token_ids copies nothing.
     _token_ids: list[int] = field(init=False, repr=False)
 
@@ -186,6 +196,21 @@ class Sequence:
         self._token_ids = self._token_ids[:new_len]
         self.num_computed_tokens = min(self.num_computed_tokens, new_len)
         self.num_emitted_tokens = min(self.num_emitted_tokens, keep)
+
+    def set_drafts(self, proposal) -> None:
+        """Keep a worker/spec_decode.DraftProposal for the next step (None: no drafts)."""
+        if proposal is None:
+            self.draft_token_ids, self.draft_logprobs, self.draft_confidences = [], None, []
+        else:
+            self.draft_token_ids = list(proposal.token_ids)
+            self.draft_logprobs = proposal.logprobs
+            self.draft_confidences = list(proposal.confidences)
+
+    def record_decode_step(self, num_drafts: int, num_accepted: int, num_emitted: int) -> None:
+        self.num_decode_steps += 1
+        self.num_decode_tokens += num_emitted
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
 
     def take_delta(self) -> tuple[str, list[int], list[dict] | None]:
         """(text, token ids, logprob entries) added since the previous call, and mark them as

@@ -139,3 +139,44 @@ def _engine_families(view: _EngineView) -> Iterator[Metric]:
     yield one(CounterMetricFamily, "graphs_compiled",
               "Graphs the graph runner compiled (Neuron regions) or captured (CUDA graphs) so far; "
               "0 for the eager runner.", (s.num_graphs or 0) if s else 0)
+    yield from _spec_families(view, getattr(s, "spec_decode", None) if s else None)
+
+
+def _spec_families(view: _EngineView, spec) -> Iterator[Metric]:
+    """Speculative decoding (engine/spec_state.py): decode request-steps, their tokens, drafts
+    verified and accepted, in total and per draft depth."""
+    def counter(name, help_text, value):
+        family = CounterMetricFamily(PREFIX + name, help_text, labels=[MODEL_LABEL])
+        family.add_metric([view.model_name], value)
+        return family
+
+    yield counter("spec_decode_steps", "Decode request-steps (one per sequence and decode step).",
+                  spec.num_decode_steps if spec else 0)
+    yield counter("spec_decode_emitted_tokens", "Tokens emitted by decode request-steps.",
+                  spec.num_emitted_tokens if spec else 0)
+    yield counter("spec_decode_num_draft_tokens", "Draft tokens verified.",
+                  spec.num_draft_tokens if spec else 0)
+    yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                  spec.num_accepted_tokens if spec else 0)
+    tps = GaugeMetricFamily(PREFIX + "spec_decode_tokens_per_step",
+                            "Output tokens per decode request-step (1 without drafts).", labels=[MODEL_LABEL])
+    tps.add_metric([view.model_name], spec.tokens_per_step if spec else 0.0)
+    yield tps
+    if not spec or not spec.verified_at_depth:  # per-depth families only once drafts were verified
+        return
+    depth = ["depth"]
+    verified = CounterMetricFamily(PREFIX + "spec_decode_verified_at_depth",
+                                   "Rows that verified a draft at this depth (0-based).",
+                                   labels=[MODEL_LABEL, *depth])
+    accepted = CounterMetricFamily(PREFIX + "spec_decode_accepted_at_depth",
+                                   "Rows that accepted the draft at this depth (0-based).",
+                                   labels=[MODEL_LABEL, *depth])
+    rate = GaugeMetricFamily(PREFIX + "spec_decode_accept_rate",
+                             "Accepted / verified drafts at this depth (0-based).", labels=[MODEL_LABEL, *depth])
+    for j, (v, a) in enumerate(zip(spec.verified_at_depth, spec.accepted_at_depth)):
+        verified.add_metric([view.model_name, str(j)], v)
+        accepted.add_metric([view.model_name, str(j)], a)
+        rate.add_metric([view.model_name, str(j)], a / v if v else 0.0)
+    yield verified
+    yield accepted
+    yield rate

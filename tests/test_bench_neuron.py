@@ -107,7 +107,8 @@ def test_prompts_have_exact_length_are_distinct_and_in_range():
 # ---- arguments ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("flag, value, message", [
     ("--ep", "0", "--cp / --ep: must be >= 1, got 1 / 0"),
-    ("--nextn", "1", "--nextn: speculative decoding is not supported"),
+    ("--nextn", "3", "--nextn 3: values > 0 need a deepseek_v41 checkpoint with draft layers"),
+    ("--nextn", "0,-1", "expected integers >= 0"),
     ("--num-prompts", "1", "--num-prompts: must be >= the largest concurrency (2)"),
     ("--concurrency", "0", "expected positive integers"),
 ])
@@ -183,7 +184,8 @@ def _check_records(records: list[dict], backend: str):
         assert r["request_throughput"] * r["duration"] == pytest.approx(2)
         assert r["output_throughput"] * r["duration"] == pytest.approx(8)
         assert r["mean_tokens_per_decode_step"] == pytest.approx(1.0)  # no speculative decoding
-        assert r["config"]["cp"] == 1 and r["config"]["ep"] == 1 and r["config"]["nextn"] == 0
+        assert r["config"]["cp"] == 1 and r["config"]["ep"] == 1 and r["config"]["nextn"] == [0]
+        assert r["nextn"] == 0
         assert r["versions"]["torch"] and r["versions"]["python"]
 
 

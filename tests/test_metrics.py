@@ -32,6 +32,11 @@ FAMILIES = {
     "deepinfer:generation_tokens": "counter",
     "deepinfer:num_preemptions": "counter",
     "deepinfer:graphs_compiled": "counter",
+    "deepinfer:spec_decode_steps": "counter",
+    "deepinfer:spec_decode_emitted_tokens": "counter",
+    "deepinfer:spec_decode_num_draft_tokens": "counter",
+    "deepinfer:spec_decode_num_accepted_tokens": "counter",
+    "deepinfer:spec_decode_tokens_per_step": "gauge",
     "deepinfer:request_success": "counter",
     "deepinfer:engine_step_errors": "counter",
     "deepinfer:time_to_first_token_seconds": "histogram",
@@ -97,6 +102,27 @@ def test_engine_values_are_read_from_the_snapshot_at_scrape_time():
     fams = _page(m, _stats(num_graphs=None, num_generation_tokens=11))  # eager runner: None
     assert _value(fams, "deepinfer:graphs_compiled", "deepinfer:graphs_compiled_total") == 0
     assert _value(fams, "deepinfer:generation_tokens", "deepinfer:generation_tokens_total") == 11
+
+
+def test_speculative_decoding_counters_and_per_depth_accept_rates():
+    from deepinfer.engine.spec_state import SpecDecodeStats
+    spec = SpecDecodeStats()
+    spec.record(3, 2, 3)
+    spec.record(3, 0, 1)
+    spec.record(2, 2, 2)  # a stop inside the run: 2 emitted
+    fams = _page(ServerMetrics(), _stats(spec_decode=spec))
+    assert _value(fams, "deepinfer:spec_decode_steps", "deepinfer:spec_decode_steps_total") == 3
+    assert _value(fams, "deepinfer:spec_decode_emitted_tokens", "deepinfer:spec_decode_emitted_tokens_total") == 6
+    assert _value(fams, "deepinfer:spec_decode_num_draft_tokens",
+                  "deepinfer:spec_decode_num_draft_tokens_total") == 8
+    assert _value(fams, "deepinfer:spec_decode_num_accepted_tokens",
+                  "deepinfer:spec_decode_num_accepted_tokens_total") == 4
+    assert _value(fams, "deepinfer:spec_decode_tokens_per_step", "deepinfer:spec_decode_tokens_per_step") == 2
+    rates = [_value(fams, "deepinfer:spec_decode_accept_rate", "deepinfer:spec_decode_accept_rate", depth=str(j))
+             for j in range(3)]
+    assert rates == pytest.approx([2 / 3, 2 / 3, 0.0])
+    assert _value(fams, "deepinfer:spec_decode_verified_at_depth", "deepinfer:spec_decode_verified_at_depth_total",
+                  depth="2") == 2
 
 
 def test_before_the_engine_is_built_and_after_it_died():

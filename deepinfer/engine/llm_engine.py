@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from deepinfer.engine.block_manager import BlockManager
 from deepinfer.engine.scheduler import Scheduler
+from deepinfer.engine.spec_state import SpecDecodeStats
 from deepinfer.engine_config import EngineConfig
 from deepinfer.outputs import CompletionOutput, ListPrefix, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams, SamplingParamsError
@@ -59,6 +60,7 @@ class EngineStats:
     num_preemptions: int
     num_finished_requests: int
     num_graphs: int | None = None  # graphs the runner compiled or captured so far; None: eager runner
+    spec_decode: SpecDecodeStats | None = None  # decode request-steps, drafts verified / accepted per depth
 
 
 @dataclass
@@ -109,6 +111,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, int(worker.num_state_slots))
         self.scheduler = Scheduler(engine_config, self.block_manager,
                                    eos_token_ids=list(model_config.eos_token_ids or ()))
+        self.scheduler.spec_stats = SpecDecodeStats()
         self.vocab_size = int(model_config.vocab_size)
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
@@ -276,7 +279,7 @@ class LLMEngine:
         for seq in changed:
             req = self.requests[seq.request_id]
             touched[req.request_id] = req
-            self._num_generation_tokens += 1
+            self._num_generation_tokens += seq.num_last_emitted
             if not req.prompt_counted:
                 req.prompt_counted = True
                 self._num_prompt_tokens += len(req.prompt_token_ids)
@@ -295,7 +298,7 @@ class LLMEngine:
                 timing.num_decode_tokens += item.num_new_tokens
             else:
                 timing.num_prefill_tokens += item.num_new_tokens
-        timing.num_sampled = len(changed)
+        timing.num_sampled = sum(s.num_last_emitted for s in changed)
         timing.num_preempted = len(sched.preempted)
         self.last_step_timing = timing
         if self.timing_hook is not None:
@@ -332,7 +335,11 @@ class LLMEngine:
             first_scheduled_time=_min(s.first_scheduled_time for s in seqs),
             first_token_time=_min(s.first_token_time for s in seqs),
             last_token_time=_max(s.last_token_time for s in seqs),
-            finished_time=_max(s.finished_time for s in seqs) if req.finished else None)
+            finished_time=_max(s.finished_time for s in seqs) if req.finished else None,
+            num_decode_steps=sum(s.num_decode_steps for s in seqs),
+            num_decode_tokens=sum(s.num_decode_tokens for s in seqs),
+            num_draft_tokens=sum(s.num_draft_tokens for s in seqs),
+            num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs))
         # Prompt logprobs once the whole prompt is scored (from the first sampled token on); that list
         # never changes again, so it is handed out as is.
         first = seqs[0]
@@ -354,4 +361,5 @@ class LLMEngine:
             num_generation_tokens=self._num_generation_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             num_finished_requests=self._num_finished_requests,
-            num_graphs=getattr(getattr(self.worker, "runner", None), "num_graphs", None))
+            num_graphs=getattr(getattr(self.worker, "runner", None), "num_graphs", None),
+            spec_decode=self.scheduler.spec_stats.snapshot())

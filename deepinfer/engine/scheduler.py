@@ -33,6 +33,8 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens fed this step: seq.token_ids[computed : computed + num_new_tokens]
     do_sample: bool  # sample one token after the last fed token
     is_decode: bool = False  # feeds the last sampled token (the prompt was already prefilled)
+    # Drafts this decode row verifies: it feeds [last sampled token] + draft_ids (speculative decoding).
+    draft_ids: list[int] = field(default_factory=list)
     # Set by the worker: one {token_id: Logprob} per position of prompt_logprob_positions.
     prompt_logprobs: list[dict] | None = None
 
@@ -77,6 +79,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept in arrival order: the tail is the preemption victim
         self.num_preemptions = 0
+        self.spec_stats = None  # engine/spec_state.SpecDecodeStats when drafts are verified
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -102,6 +105,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        # The drafts stay: the recomputed prefill's last chunk verifies them (the same draws).
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -111,9 +115,20 @@ class Scheduler:
         self.running.insert(bisect.bisect(keys, _arrival_key(seq)), seq)
 
     # ---- scheduling -----------------------------------------------------------------------
-    def _decode_len(self, seq: Sequence) -> int:
-        # Tokens a decode row feeds. 1 today; speculative decoding will add draft tokens here.
-        return 1
+    def _fit_drafts(self, seq: Sequence, want: int, budget: int) -> tuple[int, list[int]]:
+        """(tokens, drafts) of a prompt chunk of `want` tokens. A chunk that reaches the sequence's
+        last token (the last chunk of a recomputed prefill) verifies all of its drafts, so that
+        preemption changes no draw; when they do not fit, the chunk stops one token short and the
+        last token goes with its drafts next step. A lone last token that still cannot take them goes
+        without (the pool is full and prompt chunks never evict: waiting could stall every row);
+        only then can a sampled request's tokens differ from an unpreempted run."""
+        n = len(seq.draft_token_ids)
+        if not n or seq.num_computed_tokens + want != len(seq):
+            return want, []
+        room = min(budget, self.block_manager.max_tokens_coverable(seq) - seq.num_computed_tokens)
+        if want + n <= room:
+            return want, list(seq.draft_token_ids)
+        return (want - 1, []) if want > 1 else (want, [])
 
     def schedule(self) -> SchedulerOutput:
         bm = self.block_manager
@@ -130,7 +145,9 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this step
                 continue
             is_decode = seq.num_pending_tokens == 1
-            want = self._decode_len(seq) if is_decode else min(seq.num_pending_tokens, budget)
+            # A decode row verifies all of its drafts (never fewer: the sampled draws depend on how
+            # many), or waits for a step with room.
+            want = 1 + len(seq.draft_token_ids) if is_decode else min(seq.num_pending_tokens, budget)
             if want < 1 or want > budget:
                 continue
             while True:
@@ -149,8 +166,13 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 continue
+            if is_decode:
+                drafts = list(seq.draft_token_ids)
+            else:
+                want, drafts = self._fit_drafts(seq, want, budget)
+                want += len(drafts)
             # A decode row feeds the last sampled token (a 1-token prompt tail is prefill).
-            self._schedule(out, seq, want, is_decode and seq.num_output_tokens > 0)
+            self._schedule(out, seq, want, is_decode and seq.num_output_tokens > 0, drafts)
             taken.add(seq.seq_id)
             budget -= want
 
@@ -162,22 +184,27 @@ class Scheduler:
                        bm.max_tokens_coverable(seq) - seq.num_computed_tokens)
             if want < 1:
                 break  # FCFS: the head waits for blocks; nobody overtakes it
+            want, drafts = self._fit_drafts(seq, want, budget)
+            want += len(drafts)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self._insert_running(seq)
-            self._schedule(out, seq, want)
+            self._schedule(out, seq, want, drafts=drafts)
             budget -= want
 
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
-                  is_decode: bool = False) -> None:
+                  is_decode: bool = False, drafts: list[int] | None = None) -> None:
+        # KV blocks cover the drafts too; those of rejected drafts stay with the sequence (it grows
+        # into them) and their entries are never read before they are rewritten (docs/model.md §5.3).
         self.block_manager.allocate(seq, seq.num_computed_tokens + num_new_tokens)
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.time()
-        do_sample = seq.num_computed_tokens + num_new_tokens == len(seq)
-        out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode))
+        drafts = list(drafts or ())
+        do_sample = seq.num_computed_tokens + num_new_tokens - len(drafts) == len(seq)
+        out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode, draft_ids=drafts))
 
     # ---- results --------------------------------------------------------------------------
     def update(self, scheduled: list[ScheduledSeq], sampler_output) -> list[Sequence]:
@@ -186,37 +213,78 @@ class Scheduler:
         `sampler_output` holds one row per ScheduledSeq with do_sample, in order (token_ids,
         logprobs, optional top_ids/top_logprobs); it may be None when nothing samples.
         """
-        rows = _SamplerRows(sampler_output)
+        rows = SpecRows(sampler_output) if hasattr(sampler_output, "rows") else _SamplerRows(sampler_output)
         changed: list[Sequence] = []
         for item in scheduled:
             seq = item.seq
-            row = rows.next() if item.do_sample else None
+            group = rows.next_group() if item.do_sample else None
             if seq.status != SequenceStatus.RUNNING:  # aborted between schedule and update
                 continue
             if item.prompt_logprobs:
                 assert len(item.prompt_logprobs) == len(item.prompt_logprob_positions)
                 seq.prompt_logprobs.extend(item.prompt_logprobs)
-            seq.num_computed_tokens += item.num_new_tokens
-            assert seq.num_computed_tokens <= len(seq)
-            if row is None:
+            # Only the fed token and the accepted drafts are committed; rejected ones leave the length.
+            accepted = len(group.tokens) - 1 if group is not None else 0
+            seq.num_computed_tokens += item.num_new_tokens - len(item.draft_ids) + accepted
+            assert seq.num_computed_tokens <= len(seq) + accepted
+            if group is None:
                 continue
-            token_id, logprob, rank, top = row
-            entry = None
-            if seq.logprobs is not None:
-                entry = _logprob_entry(token_id, logprob, rank, top,
-                                       getattr(seq.sampling_params, "logprobs", 0) or 0)
-            seq.append_token(token_id, logprob, entry)
-            apply_stop_rules(seq, self.eos_token_ids, self.config.max_model_len)
+            seq.num_last_emitted = 0
+            for token_id, logprob, rank, top in group.tokens:  # stop rules per emitted token
+                entry = None
+                if seq.logprobs is not None:
+                    entry = _logprob_entry(token_id, logprob, rank, top,
+                                           getattr(seq.sampling_params, "logprobs", 0) or 0)
+                seq.append_token(token_id, logprob, entry)
+                seq.num_last_emitted += 1
+                apply_stop_rules(seq, self.eos_token_ids, self.config.max_model_len)
+                if seq.is_finished:
+                    break
+            if item.is_decode:
+                seq.record_decode_step(len(item.draft_ids), group.num_accepted, seq.num_last_emitted)
+                if self.spec_stats is not None:
+                    self.spec_stats.record(len(item.draft_ids), group.num_accepted, seq.num_last_emitted)
             changed.append(seq)
             if seq.is_finished:
                 self.running.remove(seq)
                 self.block_manager.free(seq)
+                seq.set_drafts(None)
+            else:
+                seq.set_drafts(group.proposal)
         rows.check_consumed()
         return changed
 
 
+@dataclass
+class _Group:
+    """What one sampling row emitted this step."""
+    tokens: list  # (token_id, logprob, rank, top) per emitted token
+    num_accepted: int = 0
+    proposal: object = None  # the next step's drafts (worker/spec_decode.DraftProposal) or None
+
+
+class SpecRows:
+    """Iterates a speculative step's rows (worker/spec_decode.SpecStepOutput): several tokens each."""
+
+    def __init__(self, spec_output):
+        self.items = spec_output.rows
+        self.i = 0
+
+    def next_group(self) -> _Group:
+        assert self.i < len(self.items), "sampler returned fewer rows than do_sample chunks"
+        r = self.items[self.i]
+        self.i += 1
+        return _Group(list(r.tokens), r.num_accepted, r.proposal)
+
+    def check_consumed(self) -> None:
+        assert self.i == len(self.items), f"sampler returned {len(self.items)} rows for {self.i} do_sample chunks"
+
+
 class _SamplerRows:
     """Iterates a SamplerOutput's rows as (token_id, logprob, rank, [(top_id, top_logprob)])."""
+
+    def next_group(self) -> _Group:
+        return _Group([self.next()])
 
     def __init__(self, sampler_output):
         self.i = 0

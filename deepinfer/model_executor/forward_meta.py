@@ -5,9 +5,11 @@ and write arrives here as index tensors built on the host, so the same forward s
 chunked prefill, decode and padded static-shape graphs.
 
 Cache addressing (see worker/cache_engine.py):
-- SWA ring: per state slot `W` rows, row = slot * W + pos % W.
+- SWA ring: per state slot `R` rows, row = slot * R + pos % R, R = W + extra_ring_rows.
 - Compressor state ring: per state slot `S` rows (raw projected (c, z) of the most recent tokens),
-  row = slot * S + pos % S.
+  row = slot * S + pos % S, S = the compressor's ring + extra_ring_rows.
+  extra_ring_rows > 0 with speculative decoding: the rows that rejected drafts overwrite then never
+  hold a position a later step still reads (docs/model.md §5.3).
 - Compressed entries (main KV and index keys): paged; a block of `block_size` tokens holds
   `block_size // m` entries of a ratio-m layer; entry w of a sequence lives at row
   block_table[w // epb] * epb + w % epb.
@@ -75,6 +77,14 @@ class CacheLayout:
     block_size: int
     compressors: list[tuple[int, int, bool]]  # (ratio, state ring rows, overlap)
     engram: object = None                     # EngramHashSpec when the model has Engram layers
+    extra_ring_rows: int = 0                  # rows per slot added to every ring (speculative backtracking)
+
+    @property
+    def swa_ring(self) -> int:
+        return self.window + self.extra_ring_rows
+
+    def state_ring(self, ring: int) -> int:
+        return ring + self.extra_ring_rows
 
 
 def _pool_rows(tables: torch.Tensor, seq_of: torch.Tensor, w: torch.Tensor, epb: int) -> torch.Tensor:
@@ -119,18 +129,19 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
         new_row = ring_rows + start[s] + (p - ctx[s])
         return torch.where(in_step, new_row, ring_row)
 
-    w = layout.window
-    ring_rows = layout.num_slots * w
+    w, swa_ring = layout.window, layout.swa_ring
+    ring_rows = layout.num_slots * swa_ring
     kp = positions[:, None] - (w - 1) + torch.arange(w)[None, :]
     swa_valid = kp >= 0
     kpc = kp.clamp(min=0)
-    swa_idx = addr(kpc, w, ring_rows, token_seq[:, None].expand_as(kpc))
+    swa_idx = addr(kpc, swa_ring, ring_rows, token_seq[:, None].expand_as(kpc))
     keep = positions >= end_pos - w
     swa_write_src = torch.nonzero(keep).flatten()
-    swa_write_dst = tok_slot[keep] * w + positions[keep] % w
+    swa_write_dst = tok_slot[keep] * swa_ring + positions[keep] % swa_ring
 
     comp = {}
-    for (m, ring, overlap) in layout.compressors:
+    for (m, spec_ring, overlap) in layout.compressors:
+        ring = layout.state_ring(spec_ring)
         epb = layout.block_size // m
         assert epb * m == layout.block_size, "block_size must be a multiple of every compress ratio"
         w0 = ctx // m
@@ -156,7 +167,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
         vis_valid = wcol < n_vis[:, None]
         vis_idx = _pool_rows(tables, token_seq[:, None].expand_as(wcol), wcol, epb)
         vis_idx = torch.where(vis_valid, vis_idx, torch.zeros_like(vis_idx))
-        comp[(m, ring, overlap)] = CompressMeta(
+        comp[(m, spec_ring, overlap)] = CompressMeta(
             ratio=m, overlap=overlap, src_idx=src_idx, src_valid=valid,
             entry_pos=e_w * m, entry_dst=entry_dst,
             state_src=torch.nonzero(skeep).flatten(),

@@ -65,6 +65,7 @@ class BucketSpec:
     prefill_tokens: tuple[int, ...] | None  # prompt-chunk buckets (DEEPINFER_NEURON_PREFILL_BUCKET), an int
                                             # is one bucket; None: prompt steps run eagerly
     max_model_len: int | None = None
+    verify_tokens: int = 1  # tokens of a speculative verification row (1 + drafts); 1 = no verify buckets
 
     def __post_init__(self):
         if not self.batch or any(b < 1 for b in self.batch):
@@ -109,8 +110,10 @@ class BucketSpec:
         """Every bucket `select` can return, as placeholder-only buckets (warm-up): decode rows, then
         prompt buckets whose placeholder chunks each fit the context bucket."""
         out = []
+        q = self.verify_tokens
         for ctx in self.context_ladder():
             out += [Bucket(num_seqs=b, num_tokens=b, context=ctx) for b in self.batch]
+            out += [Bucket(num_seqs=b, num_tokens=b * q, context=ctx) for b in self.batch if q > 1]
             out += [Bucket(num_seqs=-(-p // ctx), num_tokens=p, context=ctx) for p in self.prefill_tokens or ()]
         return out
 
@@ -132,6 +135,14 @@ class BucketSpec:
         if all(c.num_new == 1 for c in chunks):
             rows = next((b for b in self.batch if b >= n), None)
             return None if rows is None else Bucket(num_seqs=rows, num_tokens=rows, context=ctx)
+        q = self.verify_tokens
+        if q > 1 and all(c.num_new <= q for c in chunks):
+            # Verification rows: row buckets of q tokens each (docs/neuron.md §5.1). Rows with fewer
+            # tokens leave tokens over, which need at least one placeholder row to carry them.
+            need = n if tokens == n * q else n + 1
+            rows = next((b for b in self.batch if b >= need), None)
+            if rows is not None:
+                return Bucket(num_seqs=rows, num_tokens=rows * q, context=ctx)
         p = next((b for b in self.prefill_tokens or () if b >= tokens), None)
         if p is None:
             return None

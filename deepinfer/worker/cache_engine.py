@@ -23,14 +23,23 @@ def default_block_size(cfg) -> int:
     return size
 
 
-def cache_layout(cfg, num_slots: int, block_size: int, engram_spec=None) -> CacheLayout:
+def cache_layout(cfg, num_slots: int, block_size: int, engram_spec=None, extra_ring_rows: int = 0) -> CacheLayout:
+    """extra_ring_rows: rows added to every SWA and compressor state ring (speculative_ring_rows)."""
     specs = []
     for layer in range(cfg.num_layers):
         spec = compressor_spec(cfg, layer)
         if spec is not None and spec not in specs:
             specs.append(spec)
     return CacheLayout(window=cfg.sliding_window, num_slots=num_slots, block_size=block_size,
-                       compressors=specs, engram=engram_spec)
+                       compressors=specs, engram=engram_spec, extra_ring_rows=extra_ring_rows)
+
+
+def speculative_ring_rows(num_speculative_tokens: int) -> int:
+    """Extra ring rows per slot for B drafts a step (docs/model.md §5.3): a verification writes
+    B + 1 positions past the committed length, so with R = W + B + 1 window rows (and S = ring + B + 1
+    state rows, more than the ratio + B that recomputing a partial group needs) no rejected token's
+    row aliases a position the next main step or draft block still reads."""
+    return int(num_speculative_tokens) + 1 if num_speculative_tokens else 0
 
 
 @dataclass
@@ -43,17 +52,19 @@ class StorageItem:
     per: str         # "slot" | "block"
 
 
-def storage_plan(cfg, block_size: int, dtype: torch.dtype) -> list[StorageItem]:
+def storage_plan(cfg, block_size: int, dtype: torch.dtype, extra_ring_rows: int = 0) -> list[StorageItem]:
     items = []
     d = cfg.head_dim
+    swa_rows = cfg.sliding_window + extra_ring_rows
     for layer in range(cfg.num_layers):
-        items.append(StorageItem("swa", layer, cfg.sliding_window, d, dtype, "slot"))
+        items.append(StorageItem("swa", layer, swa_rows, d, dtype, "slot"))
         spec = compressor_spec(cfg, layer)
         if spec is None:
             continue
         m, ring, overlap = spec
         mult = 2 if overlap else 1
         state_dtype = torch.float32 if cfg.is_v41 else dtype
+        ring += extra_ring_rows
         items.append(StorageItem("state_main", layer, ring, 2 * mult * d, state_dtype, "slot"))
         items.append(StorageItem("entries", layer, block_size // m, d, dtype, "block"))
         owns_index = (cfg.index_k_source_map[layer] == layer) if cfg.is_v41 else cfg.layer_kinds[layer] == "csa"
@@ -63,7 +74,7 @@ def storage_plan(cfg, block_size: int, dtype: torch.dtype) -> list[StorageItem]:
                 items.append(StorageItem("state_index", layer, ring, 2 * 2 * cfg.index_head_dim, dtype, "slot"))
     if cfg.is_v41:
         for i in range(cfg.num_nextn_predict_layers):
-            items.append(StorageItem("swa", cfg.num_layers + i, cfg.sliding_window, d, dtype, "slot"))
+            items.append(StorageItem("swa", cfg.num_layers + i, swa_rows, d, dtype, "slot"))
     return items
 
 
@@ -74,13 +85,14 @@ def cache_formats(cfg, mode: str, dtype: torch.dtype, fp8_max: float = quant.FP8
 
 
 def allocate_cache(cfg, num_slots: int, num_blocks: int, block_size: int, dtype: torch.dtype,
-                   device="cpu", mode: str = "plain", fp8_max: float = quant.FP8_E4M3_MAX) -> ModelCache:
+                   device="cpu", mode: str = "plain", fp8_max: float = quant.FP8_E4M3_MAX,
+                   extra_ring_rows: int = 0) -> ModelCache:
     """mode "plain" stores values in `dtype`; "compact" stores DeepSeek's byte records
     (worker/kv_records.py) whose e4m3 bytes stay within `fp8_max` (the platform's).
     Compressor state rings are never compacted."""
     fmts = cache_formats(cfg, mode, dtype, fp8_max)
     cache = ModelCache(formats=fmts)
-    for it in storage_plan(cfg, block_size, dtype):
+    for it in storage_plan(cfg, block_size, dtype, extra_ring_rows):
         n = it.rows_per * (num_slots if it.per == "slot" else num_blocks)
         if it.kind in ("swa", "entries", "index"):
             buf = getattr(fmts, "swa" if it.kind == "swa" else it.kind).alloc(n, device)

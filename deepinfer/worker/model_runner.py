@@ -17,7 +17,8 @@ into chunk order before the driver scores and samples.
 A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
 its chunk's logits rows, which then take no SampleRequest (layers/token_scores.py). Rows are
 SeqChunks, so a multi-token decode row (speculative verification) is a chunk with num_new > 1 and
-num_logits > 1, and brings one SampleRequest per logits row.
+num_logits > 1; worker/spec_decode.py runs such steps without samples and verifies those rows
+(layers/spec_verify.py), sampling the other rows through `sample`.
 """
 from __future__ import annotations
 

@@ -108,6 +108,8 @@ class Worker:
                                                                  weight_format=self.weight_format,
                                                                  parallel=parallel)
         cfg = model_config
+        self.num_speculative_tokens = int(getattr(engine_config, "num_speculative_tokens", 0) or 0)
+        extra_rows = cache_engine.speculative_ring_rows(self.num_speculative_tokens)
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
         self.kv_cache_mode = engine_config.kv_cache_mode
@@ -115,9 +117,9 @@ class Worker:
         self.num_kv_blocks = kv_pool_blocks(engine_config, self.block_size, self.bytes_per_block)
         cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
                                             self.dtype, device=self.platform.device, mode=self.kv_cache_mode,
-                                            fp8_max=self.platform.fp8_max)
+                                            fp8_max=self.platform.fp8_max, extra_ring_rows=extra_rows)
         layout = cache_engine.cache_layout(cfg, self.num_state_slots, self.block_size,
-                                           getattr(self.model, "engram_spec", None))
+                                           getattr(self.model, "engram_spec", None), extra_ring_rows=extra_rows)
         if strategy_cls is None:
             strategy_cls = EagerStrategy if engine_config.enforce_eager else strategy_class(
                 self.platform.runner_strategy)
@@ -126,6 +128,12 @@ class Worker:
             strategy_kw.setdefault("buckets", buckets)
         strategy = strategy_cls(self.model, layout, platform=self.platform, **strategy_kw)
         self.runner = ModelRunner(self.model, cache, layout, strategy, fanout=fanout)
+        self.spec = None
+        if self.num_speculative_tokens:
+            from deepinfer.worker.spec_decode import SpecDecoder
+            self.model.enable_drafting()
+            self.spec = SpecDecoder(self.runner, self.model, self.num_speculative_tokens,
+                                    int(engine_config.max_model_len), getattr(cfg, "eos_token_ids", []) or [])
         self.warmup_s, self.warmup_graphs = 0.0, 0
         if engine_config.warmup_graphs:
             t0 = time.perf_counter()
@@ -169,19 +177,25 @@ class Worker:
                 targets = tuple(s.seq.token_ids[p] for p in positions)
                 scores.append(ScoreRequest(i, targets, int(s.seq.sampling_params.prompt_logprobs)))
                 scored_rows.append(s)
+            # A decode row with drafts feeds [x0, d_0 .. d_{n-1}] and verifies each (worker/spec_decode.py).
+            drafts = list(getattr(s, "draft_ids", ()))
             chunks.append(SeqChunk(slot=s.seq.state_slot, ctx_len=s.seq.num_computed_tokens,
                                    num_new=s.num_new_tokens, block_table=s.seq.block_table,
-                                   token_ids=s.seq.token_ids,
-                                   num_logits=len(positions) + (1 if s.do_sample else 0)))
-        samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
-        if self.ranks is None:
-            out = self.runner.run(chunks, samples, scores or None)
+                                   token_ids=s.seq.token_ids + drafts if drafts else s.seq.token_ids,
+                                   num_logits=len(positions) + ((1 + len(drafts)) if s.do_sample else 0)))
+        if self.spec is not None:
+            sampled, results = self.spec.execute(self, scheduled, chunks, scores)
         else:
-            with self.ranks.guard():   # a follower's death becomes a RankFailure naming it
+            samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
+            if self.ranks is None:
                 out = self.runner.run(chunks, samples, scores or None)
-        for s, req, result in zip(scored_rows, scores, out.scores or ()):
+            else:
+                with self.ranks.guard():   # a follower's death becomes a RankFailure naming it
+                    out = self.runner.run(chunks, samples, scores or None)
+            sampled, results = out.sampled, out.scores
+        for s, req, result in zip(scored_rows, scores, results or ()):
             s.prompt_logprobs = prompt_logprob_entries(req.target_ids, result)
-        return out.sampled
+        return sampled
 
 
 def prompt_logprob_entries(target_ids, scores: TokenScores) -> list[dict[int, Logprob]]:

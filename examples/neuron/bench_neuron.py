@@ -2,7 +2,7 @@
 
     python examples/neuron/bench_neuron.py --model PATH --input-lens 128,512 --output-lens 32,128 \\
         --concurrency 1,4,16 [--num-prompts N] [--base-url http://127.0.0.1:8000] \\
-        [--accelerator cpu|neuron] [--cp N] [--ep N] [--nextn N] [--baseline transformers] \\
+        [--accelerator cpu|neuron] [--cp N] [--ep N] [--nextn 0,3,5] [--baseline transformers] \\
         --out results.json [--plot results.png]
 
 Every (input, output, concurrency) cell sends random token-id prompts of exactly the input length
@@ -16,6 +16,10 @@ record per cell. Offline mode builds the engine once, with max_num_seqs = the la
 concurrency. Server mode drives streaming /v1/completions; the server's lifecycle (and its
 platform, buckets and max_model_len) is the caller's. --baseline transformers repeats the matrix
 through transformers' generate (V4, dense weights) and reports deepinfer/transformers ratios.
+--nextn is a sweep: offline, the matrix runs once per value with an engine built with
+num_speculative_tokens = that value (DSpark drafts, V4.1 checkpoints with draft layers); each record
+carries its nextn, the measured output tokens per decode step and, offline, the engine's draft
+acceptance per depth. Server mode takes one value, the server's own --num-speculative-tokens.
 
 Exit status: 0 when every request (warm-ups included) succeeded, 1 when any failed (they are
 listed in the JSON), 2 for bad arguments.
@@ -47,6 +51,16 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _nonneg_int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
+    return values
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint directory (server mode: for its vocabulary size)")
@@ -73,7 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="offline: expert_parallel_size; server mode: only recorded (--expert-parallel-size)")
     ap.add_argument("--attention-tp-size", type=int, default=None,
                     help="offline: lane size of the head-sharded attention (default: min(cp, 8))")
-    ap.add_argument("--nextn", type=int, default=0, help="speculative draft tokens (only 0 is supported)")
+    ap.add_argument("--nextn", type=_nonneg_int_list, default=[0],
+                    help="speculative draft tokens per decode step, a comma list for a sweep (e.g. 0,3,5); "
+                         "> 0 needs a V4.1 checkpoint with draft layers; server mode: one value, the "
+                         "server's --num-speculative-tokens (recorded only)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     ap.add_argument("--max-model-len", type=int, default=None, help="offline (default: max input + max output)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -100,14 +117,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    # The engine has no speculative decoding yet: refuse rather than label nextn=0 numbers as something else.
     if args.cp < 1 or args.ep < 1:
         raise ValueError(f"--cp / --ep: must be >= 1, got {args.cp} / {args.ep}")
     big, small = max(args.cp, args.ep), min(args.cp, args.ep)
     if big % small:
         raise ValueError(f"--cp {args.cp} / --ep {args.ep}: the larger must be a multiple of the smaller")
-    if args.nextn != 0:
-        raise ValueError(f"--nextn: speculative decoding is not supported by the engine yet; only 0, got {args.nextn}")
+    if args.base_url and len(args.nextn) != 1:
+        raise ValueError(f"--nextn: server mode takes one value (the server's --num-speculative-tokens), "
+                         f"got {args.nextn}")
     if args.num_prompts is not None and args.num_prompts < max(args.concurrency):
         raise ValueError(f"--num-prompts: must be >= the largest concurrency ({max(args.concurrency)}) so every "
                          f"cell reaches its concurrency, got {args.num_prompts}")
@@ -126,13 +143,21 @@ def check_args(args: argparse.Namespace) -> None:
         if model_type != "deepseek_v4":
             raise ValueError(f"--baseline transformers: needs a V4 checkpoint (model_type deepseek_v4; "
                              f"transformers has no V4.1 model), got model_type {model_type!r}")
+    if any(args.nextn):
+        with open(config_path) as f:
+            raw = json.load(f)
+        text = raw.get("text_config", raw)
+        if raw.get("model_type") != "deepseek_v41" or not text.get("num_nextn_predict_layers"):
+            raise ValueError(f"--nextn {','.join(map(str, args.nextn))}: values > 0 need a deepseek_v41 checkpoint "
+                             f"with draft layers (num_nextn_predict_layers > 0), got model_type "
+                             f"{raw.get('model_type')!r}")
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def build_driver(args: argparse.Namespace):
+def build_driver(args: argparse.Namespace, nextn: int = 0):
     """(driver, backend name, platform info) for deepinfer in the chosen mode."""
     if args.base_url:
         from bench_lib.server import ServerDriver
@@ -150,15 +175,15 @@ def build_driver(args: argparse.Namespace):
         max_model_len=args.max_model_len or max(args.input_lens) + max(args.output_lens),
         max_num_seqs=max_conc,
         max_num_batched_tokens=(args.max_num_batched_tokens
-                                or max(max_conc, _next_pow2(max(args.input_lens) + max_conc))),
+                                or max(max_conc * (1 + nextn), _next_pow2(max(args.input_lens) + max_conc))),
         enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature,
         weight_format=args.weight_format, context_parallel_size=args.cp, expert_parallel_size=args.ep,
-        attention_tp_size=args.attention_tp_size))
+        attention_tp_size=args.attention_tp_size, num_speculative_tokens=nextn))
     return driver, "deepinfer-offline", driver.platform_info()
 
 
 def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict, platform: dict,
-               versions: dict) -> list[dict]:
+               versions: dict, nextn: int = 0) -> list[dict]:
     records = []
     for n_in in args.input_lens:
         for n_out in args.output_lens:
@@ -179,12 +204,16 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
                 if offline:
                     driver.step_buckets.clear()
                 graphs1 = getattr(driver, "num_graphs", None)
+                spec0 = driver.spec_stats() if hasattr(driver, "spec_stats") else None
                 results, duration = driver.run(prompts.make(n, n_in, (n_out, conc, 1)), n_out, conc)
                 rec = {"backend": backend, "input_len": n_in, "output_len": n_out, "concurrency": conc,
+                       "nextn": nextn,
                        "num_prompts": n, "num_warmups": n_warm,
                        "warmup_failed": sum(not r.ok for r in warm),
                        "warmup_errors": [r.error for r in warm if not r.ok]}
                 rec.update(cell_metrics(results, duration, conc))
+                if spec0 is not None:
+                    rec["spec_decode"] = spec_delta(spec0, driver.spec_stats())
                 graphs2 = getattr(driver, "num_graphs", None)
                 rec["buckets"] = {
                     # the server does not expose its buckets, only its graph count (/metrics)
@@ -202,6 +231,23 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
     return records
 
 
+def spec_delta(before, after) -> dict:
+    """The engine's speculative-decoding counters over one cell (engine/spec_state.py)."""
+    steps = after.num_decode_steps - before.num_decode_steps
+    emitted = after.num_emitted_tokens - before.num_emitted_tokens
+    ver = [a - (before.verified_at_depth[j] if j < len(before.verified_at_depth) else 0)
+           for j, a in enumerate(after.verified_at_depth)]
+    acc = [a - (before.accepted_at_depth[j] if j < len(before.accepted_at_depth) else 0)
+           for j, a in enumerate(after.accepted_at_depth)]
+    drafts = after.num_draft_tokens - before.num_draft_tokens
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    return {"decode_request_steps": steps, "emitted_tokens": emitted,
+            "tokens_per_decode_step": emitted / steps if steps else None,
+            "draft_tokens": drafts, "accepted_tokens": accepted,
+            "draft_accept_rate": accepted / drafts if drafts else None,
+            "accept_rate_per_depth": [a / v if v else None for a, v in zip(acc, ver)]}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with open(os.path.join(args.model, "config.json")) as f:
@@ -215,13 +261,16 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     prompts = PromptFactory(int(model_cfg.get("vocab_size", 32000)), seed=args.seed)
 
-    driver, backend, platform = build_driver(args)
-    if not args.base_url:
-        config["engine"] = dataclasses.asdict(driver.args)
-    records = run_matrix(driver, backend, args, prompts, config, platform, versions)
-    if hasattr(driver, "close"):
-        driver.close()   # the offline engine's follower processes
-    del driver
+    records = []
+    for nextn in args.nextn:
+        driver, backend, platform = build_driver(args, nextn)
+        cfg = dict(config)
+        if not args.base_url:
+            cfg["engine"] = dataclasses.asdict(driver.args)
+        records += run_matrix(driver, backend, args, prompts, cfg, platform, versions, nextn)
+        if hasattr(driver, "close"):
+            driver.close()   # the offline engine's follower processes
+        del driver
 
     base_records = []
     if args.baseline == "transformers":
@@ -235,7 +284,7 @@ def main(argv=None) -> int:
             report.write_json(args.out, {"records": records, "baseline_error": str(e)})
             return 2
         base_records = run_matrix(tf, "transformers", args, prompts, config, tf.info(), versions)
-        for ours, base in zip(records, base_records):
+        for ours, base in zip(records, base_records * len(args.nextn)):
             ours["speedup_vs_transformers"] = s = speedup(ours, base)
             report.say(f"in={ours['input_len']} out={ours['output_len']} c={ours['concurrency']} deepinfer vs "
                        f"transformers (x, >1: deepinfer better): output tok/s {report.fmt(s['output_throughput'])}, "

@@ -5,6 +5,13 @@ import torch
 def sinkhorn(c0: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """c0: [..., n, n] logits (row j = source stream, col k = destination). Softmax over the last axis,
     +eps, then alternate column/row normalisation; the first step is a column normalisation."""
+    if c0.requires_grad:  # training (draft distillation): the same ops, out of place for autograd
+        c = torch.softmax(c0, dim=-1) + eps
+        c = c / (c.sum(dim=-2, keepdim=True) + eps)
+        for _ in range(iters - 1):
+            c = c / (c.sum(dim=-1, keepdim=True) + eps)
+            c = c / (c.sum(dim=-2, keepdim=True) + eps)
+        return c
     c = torch.softmax(c0, dim=-1).add_(eps)
     c.div_(c.sum(dim=-2, keepdim=True).add_(eps))
     for _ in range(iters - 1):  # in place: this loop is ~6 tiny ops per iteration, per sub-layer

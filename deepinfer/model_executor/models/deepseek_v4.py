@@ -15,6 +15,7 @@ from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.model_executor.forward_meta import StepInputs
 from deepinfer.model_executor.layers.kernels import KernelTable
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
+from deepinfer.model_executor.models import dspark_draft
 from deepinfer.model_executor.models.v4_attention import Attention
 from deepinfer.model_executor.models.v4_common import LayerIO, ModelCache, Norm, StepContext, f32_param, linear
 from deepinfer.model_executor.models.v4_ffn import Engram, MoE
@@ -165,6 +166,8 @@ class DeepseekV4Model(nn.Module):
                 for name, mod in extras.named_children():
                     blk.add_module(name, mod)
                 self.mtp.append(blk)
+        self.writes_draft_keys = False  # set by enable_drafting (speculative decoding)
+        self.target_capture: list | None = None  # a list to append each forward's DSpark target features to
         yarn = cfg.rope_scaling
         self.rotary = {
             "main": RotaryEmbedding(cfg.rope_dim, cfg.rope_theta),
@@ -211,6 +214,10 @@ class DeepseekV4Model(nn.Module):
             else:
                 x, prev_pre = run_layer(layer, x, prev_pre, ctx, io)
             layer.collect(io, ctx)
+        if self.writes_draft_keys:
+            dspark_draft.write_main_keys(self, ctx)
+        if self.target_capture is not None:  # draft distillation (examples/neuron/distill_tiny_drafts.py)
+            self.target_capture.append(dspark_draft.target_features(self, ctx))
         x = x[step.logits_indices]
         if cfg.hc_shifted:
             h = self.kernels.hc_pre(x, prev_pre[step.logits_indices])
@@ -219,6 +226,16 @@ class DeepseekV4Model(nn.Module):
                                 cfg.rms_norm_eps, cfg.hc_eps)
             h = self.kernels.hc_pre(x, w)
         return self.kernels.rms_norm(h, self.norm.weight, cfg.rms_norm_eps)
+
+    def enable_drafting(self) -> None:
+        """Every later main forward also writes the draft layers' main keys (docs/model.md §3.8)."""
+        dspark_draft.check_draftable(self.cfg)
+        self.writes_draft_keys = True
+
+    @torch.inference_mode()
+    def draft(self, step: StepInputs, cache: ModelCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden_pre, base logits) of a DSpark draft block step (models/dspark_draft.py)."""
+        return dspark_draft.draft_forward(self, step, cache)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         # fp32 heads live in [D, V] memory order (post_load), so this is a contiguous sgemm; bf16 is

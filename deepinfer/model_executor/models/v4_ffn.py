@@ -73,6 +73,7 @@ class MoE(nn.Module):
     def packed_experts(self) -> bool:
         return isinstance(self.first_expert.w1, PackedFp4Weight)
 
+    @torch.no_grad()  # the stacks are weights, not results: no autograd history (draft distillation trains them)
     def pack(self):
         """Stack the experts' weights once after loading; the per-expert modules keep the checkpoint
         names and become views of the stacks."""

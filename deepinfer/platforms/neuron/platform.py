@@ -108,7 +108,8 @@ class NeuronPlatform(Platform):
         prefill = tuple(self.prefill_bucket) if self.prefill_bucket else (int(engine_config.max_num_batched_tokens),)
         return BucketSpec(batch=batch_buckets(int(engine_config.max_num_seqs)),
                           contexts=tuple(self.ctx_buckets) if self.ctx_buckets else None,
-                          prefill_tokens=prefill, max_model_len=engine_config.max_model_len)
+                          prefill_tokens=prefill, max_model_len=engine_config.max_model_len,
+                          verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0))
 
     # -- config and kernels -----------------------------------------------------------------------
     def validate_config(self, engine_config, model_config) -> None:

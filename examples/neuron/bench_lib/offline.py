@@ -32,6 +32,7 @@ class EngineArgs:
     context_parallel_size: int = 1
     expert_parallel_size: int = 1
     attention_tp_size: int | None = None
+    num_speculative_tokens: int = 0
 
 
 class OfflineDriver:
@@ -50,7 +51,8 @@ class OfflineDriver:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             enforce_eager=args.enforce_eager, seed=args.seed, weight_format=args.weight_format,
             context_parallel_size=args.context_parallel_size, expert_parallel_size=args.expert_parallel_size,
-            attention_tp_size=args.attention_tp_size))
+            attention_tp_size=args.attention_tp_size,
+            num_speculative_tokens=args.num_speculative_tokens))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()
@@ -73,6 +75,10 @@ class OfflineDriver:
     def close(self) -> None:
         """Stop the engine's follower processes (cp / ep > 1)."""
         self.engine.close()
+
+    def spec_stats(self):
+        """The engine's speculative-decoding counters now (engine/spec_state.SpecDecodeStats)."""
+        return self.engine.stats().spec_decode
 
     @property
     def num_graphs(self) -> int | None:

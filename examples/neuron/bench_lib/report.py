@@ -38,7 +38,8 @@ def result_block(rec: dict) -> str:
     def row(label, value):
         lines.append(f"{label:<40} {value:<10}")
 
-    row("Cell:", f"{rec['backend']} in={rec['input_len']} out={rec['output_len']} c={rec['concurrency']}")
+    row("Cell:", f"{rec['backend']} in={rec['input_len']} out={rec['output_len']} c={rec['concurrency']}"
+                 f" nextn={rec.get('nextn', 0)}")
     row("Successful requests:", rec["completed"])
     row("Failed requests:", rec["failed"])
     row("Maximum request concurrency:", rec["max_concurrency"])
@@ -49,6 +50,11 @@ def result_block(rec: dict) -> str:
     row("Output token throughput (tok/s):", fmt(rec["output_throughput"]))
     row("Total token throughput (tok/s):", fmt(rec["total_token_throughput"]))
     row("Output tokens per decode step:", fmt(rec["mean_tokens_per_decode_step"]))
+    spec = rec.get("spec_decode")
+    if spec and spec.get("draft_tokens"):
+        row("Engine tokens per decode step:", fmt(spec["tokens_per_decode_step"]))
+        row("Draft acceptance rate:", fmt(spec["draft_accept_rate"]))
+        row("Acceptance per depth:", " ".join(fmt(a) for a in spec["accept_rate_per_depth"]))
     for key, name, header in (("ttft", "TTFT", "Time to First Token"),
                               ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
                               ("itl", "ITL", "Inter-token Latency"),
@@ -72,17 +78,19 @@ def platform_label(p: dict) -> str:
 
 
 def summary_matrix(records: list[dict]) -> str:
-    head = (f"{'backend':<18} {'platform':<12} {'in':>5} {'out':>5} {'conc':>4} {'ok':>4} {'fail':>4} {'TTFT ms':>9} "
-            f"{'p99':>9} {'TPOT ms':>9} {'p99':>9} {'E2EL ms':>9} {'tok/s':>8} {'req/s':>7} {'xTF tok/s':>9}")
+    head = (f"{'backend':<18} {'platform':<12} {'in':>5} {'out':>5} {'conc':>4} {'nextn':>5} {'ok':>4} {'fail':>4} "
+            f"{'TTFT ms':>9} {'p99':>9} {'TPOT ms':>9} {'p99':>9} {'E2EL ms':>9} {'tok/s':>8} {'req/s':>7} "
+            f"{'tok/step':>8} {'xTF tok/s':>9}")
     lines = [head, "-" * len(head)]
     for r in records:
         s = (r.get("speedup_vs_transformers") or {}).get("output_throughput")
         lines.append(
             f"{r['backend']:<18} {platform_label(r['platform']):<12} "
-            f"{r['input_len']:>5} {r['output_len']:>5} {r['concurrency']:>4} "
+            f"{r['input_len']:>5} {r['output_len']:>5} {r['concurrency']:>4} {r.get('nextn', 0):>5} "
             f"{r['completed']:>4} {r['failed']:>4} {fmt(r['mean_ttft_ms'], 1):>9} {fmt(r['p99_ttft_ms'], 1):>9} "
             f"{fmt(r['mean_tpot_ms'], 1):>9} {fmt(r['p99_tpot_ms'], 1):>9} {fmt(r['mean_e2el_ms'], 1):>9} "
-            f"{fmt(r['output_throughput'], 1):>8} {fmt(r['request_throughput'], 2):>7} {fmt(s):>9}")
+            f"{fmt(r['output_throughput'], 1):>8} {fmt(r['request_throughput'], 2):>7} "
+            f"{fmt(r['mean_tokens_per_decode_step']):>8} {fmt(s):>9}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,150 @@
+"""DSpark block drafting of the V4.1 `mtp.{i}` layers (docs/model.md §3.8).
+
+Two halves, both reading the main model's weights and caches:
+
+- `write_main_keys`, inside every main forward once drafting is on (prefill chunks and verification
+  rows alike): the stream means at the target layers' attention inputs (after Engram, collected in
+  `StepContext.targets`) are concatenated, projected by `mtp.0.main_proj` and normed (m_t); each
+  draft layer i stores its main key kappa_i = RoPE(RMS(m_t W_kv,i^T; kv_norm_i), t) in its own window
+  ring, at the rows the main layers' window writes use (same slot, same position).
+- `draft_forward`, after a step sampled: a block [x0, noise, ..., noise] of B tokens at positions
+  a+1 .. a+B (a = the last position whose main key is cached, x0 = the token just emitted) goes
+  through the draft layers (shifted HC, window-only attention, the draft MoE). Every block query
+  attends to the same W + B keys: the W main keys of positions a-W+1 .. a from the ring plus all B
+  block keys, with no causal mask inside the block, and the sink. HC post and collapse with the
+  last pre mix give hidden_pre; the base logits are head . RMS(hidden_pre; mtp norm).
+
+Block row k predicts the token at position a+2+k. The Markov head (`markov_logits`) and the
+confidence head (`confidence`) depend on the previous token of the block path (x0, then the draft
+sampled at k-1), so the caller samples the drafts one depth at a time (worker/spec_decode.py).
+
+Block keys are not written to the ring: the verification forward writes the main keys of the same
+positions before any draft block reads them (docs/model.md §5.3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.model_executor.forward_meta import CacheLayout, StepInputs
+from deepinfer.model_executor.layers.packed_weights import linear_mm
+from deepinfer.model_executor.models.v4_common import StepContext
+
+CONFIDENCE_TEMPERATURE = 1.0  # DI's default T_c (docs/model.md §3.8 step 6)
+CONFIDENCE_CLAMP = 60.0
+
+
+def check_draftable(cfg) -> None:
+    """Speculative decoding needs a V4.1 checkpoint with DSpark draft layers."""
+    if not cfg.is_v41:
+        raise ValueError("num_speculative_tokens > 0 needs a deepseek_v41 checkpoint (DSpark draft layers); "
+                         f"this one is {cfg.model_type!r}")
+    if not cfg.num_nextn_predict_layers:
+        raise ValueError("num_speculative_tokens > 0 needs a checkpoint with draft layers "
+                         "(num_nextn_predict_layers = 0 here)")
+    if not cfg.hc_shifted:
+        raise ValueError("DSpark drafting runs the shifted HC path (hc_shifted must be true)")
+
+
+def target_features(model, ctx: StepContext) -> torch.Tensor:
+    """F = concat_tau f_tau(t) [T, D * targets], in dspark_target_layer_ids order."""
+    return torch.cat([ctx.targets[t] for t in model.cfg.dspark_target_layer_ids], dim=-1)
+
+
+def project_features(model, f: torch.Tensor) -> torch.Tensor:
+    """m = RMS(F . W_main^T; main_norm)."""
+    k, blk = model.kernels, model.mtp[0]
+    return k.rms_norm(linear_mm(f, blk.main_proj, k), blk.main_norm.weight, model.cfg.rms_norm_eps)
+
+
+def main_features(model, ctx: StepContext, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """m_t = RMS(concat_tau f_tau(t) . W_main^T; main_norm) for the step's tokens (`rows` of them)."""
+    f = target_features(model, ctx)
+    if rows is not None:
+        f = f.index_select(0, rows)
+    return project_features(model, f)
+
+
+def main_key(model, blk, m: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """kappa = RoPE(RMS(m . W_kv^T; kv_norm)) of one draft layer (its own wkv and the main rope)."""
+    k, attn = model.kernels, blk.attn
+    return k.rope(k.rms_norm(linear_mm(m, attn.wkv, k), attn.kv_norm.weight, model.cfg.rms_norm_eps), cos, sin)
+
+
+def write_main_keys(model, ctx: StepContext) -> None:
+    """Store every draft layer's main keys of the step's window writes (same rows as the main rings)."""
+    step, cache = ctx.step, ctx.cache
+    src = step.swa_write_src
+    if not src.numel():
+        return
+    m = main_features(model, ctx, src)
+    cos, sin = ctx.rope("main")
+    cos, sin = cos.index_select(0, src), sin.index_select(0, src)
+    for blk in model.mtp:
+        cache.swa[blk.layer][step.swa_write_dst] = cache.formats.swa.encode(main_key(model, blk, m, cos, sin))
+
+
+@dataclass
+class DraftBlock:
+    """Rows of one draft forward: sequence r drafts from x0 = first_tokens[r] at position last_pos[r] + 1."""
+    slots: list[int]
+    last_pos: list[int]      # a: the last position whose main key is in the ring
+    first_tokens: list[int]  # x0
+    block: int               # B
+
+
+def draft_step_inputs(rows: DraftBlock, layout: CacheLayout, noise_id: int) -> StepInputs:
+    """Metadata of a draft block: R * B tokens, each attending to W ring rows + its block's B rows."""
+    r, b = len(rows.slots), rows.block
+    w, ring = layout.window, layout.swa_ring
+    slot = torch.tensor(rows.slots, dtype=torch.long)
+    a = torch.tensor(rows.last_pos, dtype=torch.long)
+    ids = torch.full((r, b), int(noise_id), dtype=torch.long)
+    ids[:, 0] = torch.tensor(rows.first_tokens, dtype=torch.long)
+    offs = torch.arange(b)
+    positions = (a[:, None] + 1 + offs[None, :]).reshape(-1)
+    main_pos = a[:, None] - (w - 1) + torch.arange(w)[None, :]              # [R, W]
+    main_rows = slot[:, None] * ring + torch.remainder(main_pos.clamp(min=0), ring)
+    block_rows = layout.num_slots * ring + torch.arange(r)[:, None] * b + offs[None, :]  # rows after the ring
+    idx = torch.cat([main_rows, block_rows], dim=1)
+    valid = torch.cat([main_pos >= 0, torch.ones(r, b, dtype=torch.bool)], dim=1)
+    empty = torch.zeros(0, dtype=torch.long)
+    return StepInputs(
+        input_ids=ids.reshape(-1), positions=positions, logits_indices=torch.arange(r * b),
+        swa_idx=idx.repeat_interleave(b, dim=0), swa_valid=valid.repeat_interleave(b, dim=0),
+        swa_write_src=empty, swa_write_dst=empty)
+
+
+def draft_forward(model, step: StepInputs, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden_pre [R*B, D], base logits [R*B, V] fp32) of a draft block step (module docstring)."""
+    cfg, k = model.cfg, model.kernels
+    ctx = StepContext(model, step, cache)
+    e = model.embed.weight[step.input_ids]
+    x = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
+    prev_pre = torch.zeros(x.shape[0], cfg.hc_mult, dtype=torch.float32, device=x.device)
+    prev_pre[:, 0] = 1.0
+    for blk in model.mtp:
+        x, prev_pre = blk(x, prev_pre, ctx, blk.layer_io(ctx))
+    hidden = k.hc_pre(x, prev_pre)
+    last = model.mtp[-1]
+    logits = model.compute_logits(k.rms_norm(hidden, last.norm.weight, cfg.rms_norm_eps))
+    return hidden, logits
+
+
+def markov_embed(model, prev_ids: torch.Tensor) -> torch.Tensor:
+    """Wm1[prev]: the Markov head's low-rank embedding of the previous token."""
+    return model.mtp[-1].markov_head.embed.weight[prev_ids]
+
+
+def markov_logits(model, prev_e: torch.Tensor) -> torch.Tensor:
+    """Wm2 . Wm1[prev] (fp32 [N, V]), added to the base logits of the row."""
+    return linear_mm(prev_e, model.mtp[-1].markov_head.head, model.kernels).float()
+
+
+def confidence(model, hidden: torch.Tensor, prev_e: torch.Tensor,
+               temperature: float = CONFIDENCE_TEMPERATURE) -> torch.Tensor:
+    """c = sigmoid(clamp([hidden_pre || Wm1[prev]] . w_conf^T / T_c, +-60)), [N] fp32."""
+    proj = model.mtp[-1].confidence_head.proj
+    z = linear_mm(torch.cat([hidden, prev_e.to(hidden.dtype)], dim=-1), proj, model.kernels).float()
+    return torch.sigmoid(torch.clamp(z.squeeze(-1) / temperature, -CONFIDENCE_CLAMP, CONFIDENCE_CLAMP))

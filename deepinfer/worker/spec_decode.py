@@ -1,0 +1,212 @@
+"""Speculative decoding on the worker: one main forward verifies every row's drafts, then one draft
+forward proposes the next drafts (docs/model.md §3.8, §6.4).
+
+A step, for the scheduled rows (engine/scheduler.py):
+1. main forward (ModelRunner.run, no sampling): a decode row with drafts d_0 .. d_{n-1} is the chunk
+   [x0, d_0, .., d_{n-1}] with 1 + n logits rows; every other row is as without drafts. The forward
+   also writes the draft layers' main keys (models/dspark_draft.py);
+2. rows without drafts sample as usual (ModelRunner.sample); rows with drafts go through
+   layers/spec_verify.verify: greedy accepts while the draft equals the argmax, sampled accepts with
+   probability min(1, p/q) and resamples from the residual, every draw keyed by (seed, position);
+3. every sampling row of a draft-capable sequence then drafts from the token it emitted last: one
+   DSpark block of B tokens per sequence, its drafts sampled depth by depth (the Markov head needs the
+   previous draft) with the request's own sampling parameters on the "mtp" stream (seed +
+   MTP_SEED_OFFSET, position of the drafted token).
+
+Which sequences draft: those without a grammar and without logprobs (verification returns neither
+per-depth grammar masks nor top-N lists); they decode one token a step as before. A row drafts at
+most what its next step could emit within max_tokens and max_model_len.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer.model_executor.forward_meta import step_to
+from deepinfer.model_executor.layers.sample_draw import MTP_SEED_OFFSET
+from deepinfer.model_executor.layers.sampler import SamplingBatch
+from deepinfer.model_executor.layers.spec_verify import VerifyBatch, verify
+from deepinfer.model_executor.models import dspark_draft
+from deepinfer.stop_rules import banned_token_ids
+
+
+@dataclass
+class DraftProposal:
+    """A sequence's drafts for its next step (stored on the Sequence by the scheduler)."""
+    token_ids: list[int]
+    logprobs: torch.Tensor | None  # [n, V] the processed draft distribution q (sampled requests)
+    confidences: list[float]
+
+
+@dataclass
+class SpecRow:
+    """What one sampling row emitted: tokens as (token_id, logprob, rank, top) like _SamplerRows."""
+    tokens: list[tuple]
+    num_drafts: int = 0
+    num_accepted: int = 0
+    proposal: DraftProposal | None = None
+
+
+@dataclass
+class SpecStepOutput:
+    rows: list[SpecRow] = field(default_factory=list)  # one per do_sample ScheduledSeq, in order
+
+
+def can_draft(seq) -> bool:
+    """Sequences whose rows verification serves (module docstring)."""
+    return seq.grammar is None and getattr(seq.sampling_params, "logprobs", None) is None
+
+
+def bans_at(seq, eos_ids, ahead: int) -> tuple[int, ...]:
+    """banned_token_ids for the output `ahead` tokens after the sequence's current last one."""
+    if ahead == 0:
+        return tuple(banned_token_ids(seq, eos_ids))
+    p = seq.sampling_params
+    if seq.num_output_tokens + ahead >= (getattr(p, "min_tokens", 0) or 0):
+        return ()
+    banned = list(getattr(p, "stop_token_ids", None) or [])
+    if not getattr(p, "ignore_eos", False):
+        banned += list(eos_ids)
+    return tuple(banned)
+
+
+class SpecDecoder:
+    def __init__(self, runner, model, num_drafts: int, max_model_len: int, eos_ids):
+        self.runner = runner
+        self.model = model
+        self.num_drafts = int(num_drafts)
+        self.max_model_len = int(max_model_len)
+        self.eos_ids = list(eos_ids)
+        self.noise_id = int(model.cfg.dspark_noise_token_id)
+
+    # ---- one step ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, worker, scheduled, chunks, scores):
+        """(SpecStepOutput, the ScoreRequests' results) of one step of `scheduled` (as `chunks`)."""
+        out = self.runner.run(chunks, None, scores or None)
+        logits = out.logits
+        plain, spec = [], []  # (scheduled index, first sampling row)
+        row = 0
+        for i, (s, c) in enumerate(zip(scheduled, chunks)):
+            n_rows = min(c.num_logits, c.num_new)
+            if s.do_sample:
+                first = row + n_rows - (1 + len(s.draft_ids))
+                (spec if s.draft_ids else plain).append((i, first))
+            row += n_rows
+        results: dict[int, SpecRow] = {}
+        if plain:
+            idx = torch.tensor([r for _, r in plain], dtype=torch.long, device=logits.device)
+            sampled = self.runner.sample(logits.index_select(0, idx),
+                                         [worker._sample_request(scheduled[i].seq) for i, _ in plain])
+            for j, (i, _) in enumerate(plain):
+                results[i] = SpecRow([_row(sampled, j)])
+        if spec:
+            results.update(self._verify(scheduled, spec, logits))
+        self._draft(scheduled, results)
+        return SpecStepOutput([results[i] for i, s in enumerate(scheduled) if s.do_sample]), out.scores
+
+    def _verify(self, scheduled, spec, logits) -> dict[int, SpecRow]:
+        bmax = max(len(scheduled[i].draft_ids) for i, _ in spec)
+        vocab = logits.shape[1]
+        seqs = [scheduled[i].seq for i, _ in spec]
+        target = torch.empty(len(spec), bmax + 1, vocab, dtype=logits.dtype, device=logits.device)
+        drafts = torch.full((len(spec), bmax), -1, dtype=torch.long)
+        q = None
+        bans, outs = [], []
+        for r, (i, first) in enumerate(spec):
+            s = scheduled[i]
+            n = len(s.draft_ids)
+            target[r, :n + 1] = logits[first:first + n + 1]
+            target[r, n + 1:] = logits[first + n]  # unused depths (no draft there)
+            drafts[r, :n] = torch.tensor(s.draft_ids, dtype=torch.long)
+            lp = s.seq.draft_logprobs
+            if lp is not None:
+                if q is None:
+                    q = torch.zeros(len(spec), bmax, vocab, dtype=torch.float32, device=logits.device)
+                q[r, :n] = lp[:n].to(q.device)
+            for j in range(bmax + 1):
+                bans.append(bans_at(s.seq, self.eos_ids, j))
+                outs.append(s.seq.output_token_ids + list(s.draft_ids[:j]))
+        batch = VerifyBatch.build([x.sampling_params for x in seqs], [len(x) for x in seqs], bmax,
+                                  seeds=[x.seed for x in seqs], banned_ids_per_row=bans,
+                                  output_ids_per_row=outs,
+                                  prompt_ids_per_row=[x.prompt_token_ids for x in seqs],
+                                  device=logits.device)
+        res = verify(target, drafts.to(logits.device), q, batch, self.runner.sampler)
+        acc, tokens = res.num_accepted.tolist(), res.token_ids.tolist()
+        found = {}
+        for r, (i, _) in enumerate(spec):
+            emitted = [(t, None, None, []) for t in tokens[r][:acc[r] + 1]]
+            found[i] = SpecRow(emitted, num_drafts=len(scheduled[i].draft_ids), num_accepted=acc[r])
+        return found
+
+    def _draft(self, scheduled, results: dict[int, SpecRow]) -> None:
+        """Propose the next drafts of every sampling row that can use them."""
+        rows = []
+        for i, s in enumerate(scheduled):
+            if not s.do_sample or not can_draft(s.seq):
+                continue
+            seq, emitted = s.seq, len(results[i].tokens)
+            new_len = len(seq) + emitted  # length once the scheduler has appended the tokens
+            p = seq.sampling_params
+            room = self.max_model_len - new_len
+            if p.max_tokens is not None:
+                room = min(room, p.max_tokens - (seq.num_output_tokens + emitted) - 1)
+            n = min(self.num_drafts, room)
+            if n >= 1:
+                rows.append((i, n, new_len))
+        if not rows:
+            return
+        b = self.num_drafts
+        block = dspark_draft.DraftBlock(
+            slots=[scheduled[i].seq.state_slot for i, _, _ in rows],
+            last_pos=[new_len - 2 for _, _, new_len in rows],
+            first_tokens=[results[i].tokens[-1][0] for i, _, _ in rows], block=b)
+        runner = self.runner
+        step = step_to(dspark_draft.draft_step_inputs(block, runner.layout, self.noise_id), runner.strategy.device)
+        hidden, base = self.model.draft(step, runner.cache)
+        r = len(rows)
+        hidden, base = hidden.view(r, b, -1), base.view(r, b, -1)
+        seqs = [scheduled[i].seq for i, _, _ in rows]
+        sampled_rows = [k for k, x in enumerate(seqs) if not x.sampling_params.is_greedy]
+        prev = torch.tensor(block.first_tokens, dtype=torch.long, device=base.device)
+        toks, confs = [], []
+        q = torch.empty(len(sampled_rows), b, base.shape[-1]) if sampled_rows else None
+        sampler = runner.sampler
+        # this step's emitted tokens: outputs before the drafts (penalties, min_tokens bans)
+        extra = [[t[0] for t in results[i].tokens] for i, _, _ in rows]
+        for k in range(b):
+            pe = dspark_draft.markov_embed(self.model, prev)
+            lg = base[:, k] + dspark_draft.markov_logits(self.model, pe)
+            confs.append(dspark_draft.confidence(self.model, hidden[:, k], pe))
+            # draft k is the token at position a + 2 + k = new_len + k
+            batch = SamplingBatch.build(
+                [x.sampling_params for x in seqs], [nl + k for _, _, nl in rows],
+                seeds=[x.seed + MTP_SEED_OFFSET for x in seqs],
+                banned_ids_per_row=[bans_at(x, self.eos_ids, len(e) + k) for x, e in zip(seqs, extra)],
+                output_ids_per_row=[x.output_token_ids + e + [int(t[c]) for t in toks]
+                                    for c, (x, e) in enumerate(zip(seqs, extra))],
+                prompt_ids_per_row=[x.prompt_token_ids for x in seqs], need_logprobs=False, device=lg.device)
+            drawn = sampler(lg, batch).token_ids
+            if sampled_rows:
+                sel = torch.tensor(sampled_rows, dtype=torch.long, device=lg.device)
+                q[:, k] = sampler.processed_logprobs(lg, batch, sel).cpu()
+            toks.append(drawn.tolist())
+            prev = drawn
+        for c, (i, n, _) in enumerate(rows):
+            lp = None
+            if not seqs[c].sampling_params.is_greedy:
+                lp = q[sampled_rows.index(c), :n]
+            results[i].proposal = DraftProposal([toks[k][c] for k in range(n)], lp,
+                                                [float(confs[k][c]) for k in range(n)])
+
+
+def _row(sampled, j: int) -> tuple:
+    """(token_id, logprob, rank, top) of row j of a SamplerOutput."""
+    lp = None if sampled.logprobs is None else float(sampled.logprobs[j])
+    rank = None if sampled.token_ranks is None else int(sampled.token_ranks[j])
+    top = []
+    if sampled.top_ids is not None and sampled.top_logprobs is not None:
+        top = list(zip(sampled.top_ids[j].tolist(), sampled.top_logprobs[j].tolist()))
+    return int(sampled.token_ids[j]), lp, rank, top

@@ -1,0 +1,173 @@
+"""Speculative decoding end to end on the tiny V4.1 checkpoint (LLM.generate -> scheduler -> worker ->
+ModelRunner.run -> spec_verify -> DSpark draft forward).
+
+Greedy with drafts emits exactly the plain greedy tokens: with the checkpoint's own (random) draft
+layers, which are almost always rejected, and with oracle drafts (the plain run's continuation with
+some depths corrupted) that drive long accepted runs, rejections at every depth, stops inside an
+accepted run, chunked prompts and preemption. Sampled requests stay reproducible per seed whatever
+the batch. Aborts free everything."""
+import random
+
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.config import ModelConfig
+from deepinfer.engine.llm_engine import LLMEngine
+from deepinfer.engine_config import EngineConfig
+from deepinfer.worker import spec_decode
+from deepinfer.worker.worker import Worker, build_model
+
+
+@pytest.fixture(scope="module")
+def v41(tiny_v41_dir):
+    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
+    return tiny_v41_dir, cfg, build_model(cfg, str(tiny_v41_dir), torch.float32, progress=False)
+
+
+def _llm(v41, **kw):
+    d, cfg, model = v41
+    ec = EngineConfig(model=str(d), dtype="float32", **kw).resolve(cfg)
+    return LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=Worker(cfg, ec, model=model)))
+
+
+def _prompts(lens, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"prompt_token_ids": [0] + torch.randint(3, 128000, (m - 1,), generator=g).tolist()} for m in lens]
+
+
+def _tokens(outs):
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+LENS = (3, 11, 26, 40)
+
+
+@pytest.fixture(scope="module")
+def plain(v41):
+    prompts = _prompts(LENS)
+    return prompts, _tokens(_llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, GREEDY, use_tqdm=False))
+
+
+def _oracle(monkeypatch, prompts, continuations, corrupt=0.3):
+    """Replace each real proposal by the plain run's next tokens, each depth corrupted with
+    probability `corrupt` (a fixed draw per sequence, position and depth), so accepted runs and
+    rejections at every depth both happen."""
+    truth = {tuple(p["prompt_token_ids"]): c for p, c in zip(prompts, continuations)}
+    real = spec_decode.SpecDecoder._draft
+
+    def draft(self, scheduled, results):
+        real(self, scheduled, results)
+        for i, s in enumerate(scheduled):
+            prop = results.get(i) and results[i].proposal
+            if not prop:
+                continue
+            done = s.seq.num_output_tokens + len(results[i].tokens)
+            cont = truth[tuple(s.seq.prompt_token_ids)]
+            ids = []
+            for j in range(len(prop.token_ids)):
+                t = cont[done + j] if done + j < len(cont) else 5
+                bad = random.Random(s.seq.prompt_len * 100003 + (done + j) * 17 + j).random() < corrupt
+                ids.append((t + 1) % 128000 if bad else t)
+            prop.token_ids = ids
+    monkeypatch.setattr(spec_decode.SpecDecoder, "_draft", draft)
+
+
+def test_greedy_with_real_drafts_equals_plain_greedy(v41, plain):
+    prompts, want = plain
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    st = llm.llm_engine.stats()
+    assert st.spec_decode.num_draft_tokens > 0 and st.num_used_blocks == 0 and st.num_used_state_slots == 0
+
+
+def test_greedy_with_oracle_drafts_mixed_lengths_chunked_and_preempted(v41, plain, monkeypatch):
+    prompts, want = plain
+    _oracle(monkeypatch, prompts, want)
+    for kw in (dict(max_num_seqs=4),                                   # mixed lengths in one batch
+               dict(max_num_seqs=4, max_num_batched_tokens=12),        # chunked prompts, draft rows squeezed
+               dict(max_num_seqs=4, num_kv_blocks=9, block_size=16)):  # a pool too small: preemption
+        llm = _llm(v41, max_model_len=96, num_speculative_tokens=3, **kw)
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert _tokens(outs) == want, kw
+        st = llm.llm_engine.stats()
+        spec = st.spec_decode
+        assert spec.num_accepted_tokens > 0 and spec.num_accepted_tokens < spec.num_draft_tokens
+        assert spec.tokens_per_step > 1.3, spec
+        assert len(spec.accept_rates) == 3 and all(0 < r < 1 for r in spec.accept_rates), spec
+        assert st.num_used_blocks == 0 and st.num_used_state_slots == 0
+        m = outs[2].metrics
+        assert m.num_decode_tokens == 13 and m.num_decode_steps < 13 and m.num_accepted_tokens > 0
+        if "num_kv_blocks" in kw:
+            assert st.num_preemptions > 0
+
+
+def test_stop_inside_an_accepted_run_truncates_and_max_tokens_holds(v41, plain, monkeypatch):
+    prompts, want = plain
+    _oracle(monkeypatch, prompts, want, corrupt=0.0)  # every draft right: runs of 4
+    stop = want[1][6]
+    params = [SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, stop_token_ids=[stop])]
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    outs = llm.generate(prompts[:2], params, use_tqdm=False)
+    assert _tokens(outs)[0] == want[0][:9]
+    assert outs[0].outputs[0].finish_reason == "length"
+    cut = want[1].index(stop) + 1
+    assert _tokens(outs)[1] == want[1][:cut] and outs[1].outputs[0].stop_reason == stop
+    assert llm.llm_engine.stats().spec_decode.tokens_per_step > 3
+
+
+def test_sampled_requests_reproduce_per_seed_across_batches(v41):
+    prompts = _prompts((9, 23, 31), seed=4)
+    params = [SamplingParams(temperature=0.8, top_k=40, seed=21 + i, max_tokens=10, ignore_eos=True)
+              for i in range(3)]
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    together = _tokens(llm.generate(prompts, params, use_tqdm=False))
+    alone = [_tokens(llm.generate([p], q, use_tqdm=False))[0] for p, q in zip(prompts, params)]
+    assert together == alone and all(len(t) == 10 for t in together)
+    tight = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, num_kv_blocks=7, block_size=16)
+    assert _tokens(tight.generate(prompts, params, use_tqdm=False)) == together
+    assert tight.llm_engine.stats().num_preemptions > 0
+
+
+def test_abort_mid_speculation_frees_everything(v41):
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    eng = llm.llm_engine
+    for i, p in enumerate(_prompts((7, 15))):
+        eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    assert any(s.draft_token_ids for s in eng.scheduler.running)
+    for i in range(2):
+        assert eng.abort_request(f"r{i}").outputs[0].finish_reason == "abort"
+    eng.block_manager.check_invariants()
+    assert eng.block_manager.num_used_blocks == 0 and eng.block_manager.num_used_state_slots == 0
+    assert not eng.has_unfinished_requests()
+
+
+def test_speculation_needs_v41_draft_layers(tiny_v4_dir):
+    cfg = ModelConfig.from_pretrained(tiny_v4_dir)
+    with pytest.raises(ValueError, match="deepseek_v41 checkpoint with DSpark draft layers"):
+        EngineConfig(model=str(tiny_v4_dir), num_speculative_tokens=3).resolve(cfg)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        EngineConfig(model=str(tiny_v4_dir), num_speculative_tokens=-1)
+
+
+def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, monkeypatch):
+    """A request asking for logprobs drafts nothing and samples as before, next to drafting rows."""
+    prompts, want = plain
+    _oracle(monkeypatch, prompts, want)
+    params = [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=14, ignore_eos=True, logprobs=2)]
+    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts[:2], params, use_tqdm=False)
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    outs = llm.generate(prompts[:2], params, use_tqdm=False)
+    assert _tokens(outs) == _tokens(ref) and _tokens(outs)[0] == want[0]
+    assert outs[0].metrics.num_accepted_tokens > 0 and outs[1].metrics.num_draft_tokens == 0
+    got, exp = outs[1].outputs[0].logprobs, ref[1].outputs[0].logprobs
+    assert len(got) == 14 and [sorted(e) for e in got] == [sorted(e) for e in exp]
+    for g, e in zip(got, exp):
+        for t in e:
+            # the step's batch differs (verification rows beside it): last-bit noise may move the rank
+            # of a sampled token that ties others deep in the distribution, never the top entries
+            assert abs(g[t].logprob - e[t].logprob) < 1e-4 and (g[t].rank == e[t].rank or e[t].rank > 2)
