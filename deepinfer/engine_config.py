@@ -155,9 +155,6 @@ class EngineConfig:
             if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
                 raise ValueError(f"max_num_batched_tokens must be >= 1 + num_speculative_tokens "
                                  f"({1 + self.num_speculative_tokens}), got {self.max_num_batched_tokens}")
-            for name in ("context_parallel_size", "expert_parallel_size"):
-                if int(getattr(self, name, 1) or 1) > 1:
-                    raise ValueError(f"num_speculative_tokens > 0 is not supported with {name} > 1 yet")
         if self.weight_format not in _WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {_WEIGHT_FORMATS}, got {self.weight_format!r}")
         self._check_parallel()
@@ -204,7 +201,13 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be in [2, {max_pos}] (the model's max_position_embeddings), "
                 f"got {self.max_model_len}")
-        self.parallel_layout().check_model(model_config)
+        if self.world_size > 1:
+            self.parallel_layout().check_model(model_config)
+        if self.num_speculative_tokens:
+            # Followers do not run the draft forward yet (its MoE and lane attention have collectives).
+            for name in ("context_parallel_size", "expert_parallel_size"):
+                if getattr(self, name) > 1:
+                    raise ValueError(f"num_speculative_tokens > 0 is not supported with {name} > 1 yet")
         if self.num_speculative_tokens:
             if getattr(model_config, "model_type", None) != "deepseek_v41" \
                     or not getattr(model_config, "num_nextn_predict_layers", 0):

@@ -244,3 +244,12 @@ def test_parallel_options_are_checked_against_the_model():
     with pytest.raises(ValueError, match="expert_parallel_size 16 must divide n_routed_experts"):
         EngineConfig(model=MODEL, expert_parallel_size=16).resolve(cfg)
     EngineConfig(model=MODEL, context_parallel_size=2, expert_parallel_size=4, attention_tp_size=2).resolve(cfg)
+
+
+def test_drafts_across_ranks_are_refused_at_engine_start():
+    from model_helpers import tiny_config
+    cfg = tiny_config("v41")
+    EngineConfig(model=MODEL, num_speculative_tokens=3).resolve(cfg)
+    for sizes in (dict(context_parallel_size=2), dict(expert_parallel_size=2)):
+        with pytest.raises(ValueError, match="num_speculative_tokens > 0 is not supported with"):
+            EngineConfig(model=MODEL, num_speculative_tokens=3, **sizes).resolve(cfg)

@@ -71,8 +71,9 @@ def test_a_rank_loads_exactly_its_slices_and_reads_nothing_else(tiny_v41_l4_dir,
     layout = ParallelLayout(rank=1, cp=4, ep=4, attn_tp=4)   # head 1: half of group 0; experts 2, 3
     plan = ShardPlan(cfg, layout)
     # the groups of a rank without a process group: same shapes, identity collectives
+    # (no store either: the Engram tables are loaded privately, not shared through /dev/shm)
     model = build_model(cfg, str(ckpt), torch.float32, progress=False, weight_format=fmt,
-                        parallel=ParallelGroups(layout))
+                        parallel=ParallelGroups(layout), shared_tables=False)
     mine = model.state_dict()
     assert not any(plan.holds(k) is False for k in mine)
     assert sorted({int(k.split(".")[4]) for k in mine if k.startswith("layers.0.ffn.experts.")}) == [2, 3]

@@ -116,11 +116,11 @@ def test_rank_killed_after_mapping_leaves_nothing(tiny_v41_dir, tmp_path, shm_cl
 
 
 def test_rank_that_never_maps_fails_the_host_and_leaves_nothing(tiny_v41_dir, tmp_path, shm_clean):
-    codes, logs = _run_ranks(3, tiny_v41_dir, tmp_path, "cpu", "packed", mode="die_before_map", timeout_s=10.0)
+    codes, logs = _run_ranks(3, tiny_v41_dir, tmp_path, "cpu", "packed", mode="die_before_map", timeout_s=4.0)
     assert codes == [2, 2, 3], logs
     creator = (tmp_path / "rank0.err").read_text()
     # the creator waits for every local rank before creating anything: rank 2 never comes
-    assert "only 1 of the 2 other local ranks of node 0 reached the Engram tables within 10 s" in creator, creator
+    assert "only 1 of the 2 other local ranks of node 0 reached the Engram tables within 4 s" in creator, creator
     # rank 1 is told the creator failed instead of waiting for a segment never published
     follower = (tmp_path / "rank1.err").read_text()
     assert "failed: only 1 of the 2" in follower, follower
