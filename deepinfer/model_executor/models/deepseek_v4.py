@@ -114,7 +114,7 @@ class DecoderLayer(nn.Module):
 
 
 class DraftHeads(nn.Module):
-    """DSpark extras of an `mtp.{i}` block (docs/model.md §2.2, §3.8); drafting itself is a later issue."""
+    """DSpark extras of an `mtp.{i}` block (docs/model.md §2.2, §3.8); the drafting forward is models/dspark_draft.py."""
 
     def __init__(self, cfg, dtype, with_main: bool, with_heads: bool):
         super().__init__()
