@@ -11,7 +11,6 @@ driver must get every group's logits back in chunk order. fp32: in bf16 the logi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.distributed.launch import free_port
+from rank_processes import alive, child_env
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "neuron"))
@@ -63,14 +63,6 @@ def references(tiny_v4_dir, tiny_v41_dir):
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 # Every config on V4.1 (the target model) and cp = ep = 2 on V4 run by default; the other V4 worlds
 # are marked slow to keep this file inside the suite's time budget (-m slow runs them).
 CASES = [pytest.param(name, kind, id=f"{name}-{kind}",
@@ -86,23 +78,19 @@ def test_tokens_equal_single_rank(references, kind, name):
         layout = worker.parallel.layout
         assert layout.world_size == max(layout.cp, layout.ep) == len(worker.ranks.pids) + 1
         pids = list(worker.ranks.pids.values())
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         tokens, scores = _run(llm)
         assert tokens == expected
         assert [sorted(s) for s in scores] == [sorted(s) for s in expected_scores]
         for got, want in zip(scores, expected_scores):
             assert all(abs(got[t] - want[t]) < 1e-4 for t in want)
         assert worker.runner.fanout.steps_published >= 5
-    assert not any(_alive(p) for p in pids), "close() left a follower running"
+    assert not any(alive(p) for p in pids), "close() left a follower running"
 
 
 def _follow_cmd(model: str, port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "deepinfer.cli", "follow", "--model", model, "--nnodes", "2",
             "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), *extra]
-
-
-def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def test_two_nodes_on_localhost(references):
@@ -111,7 +99,7 @@ def test_two_nodes_on_localhost(references):
     step goes over the host broadcast and both hosts' rings, and the logits come back across hosts."""
     path, expected, _ = references["v41"]
     port = free_port()
-    node1 = subprocess.Popen(_follow_cmd(path, port, "--expert-parallel-size", "4"), env=_env())
+    node1 = subprocess.Popen(_follow_cmd(path, port, "--expert-parallel-size", "4"), env=child_env())
     try:
         with LLM(path, **ENGINE, expert_parallel_size=4, nnodes=2, master_port=port) as llm:
             layout = llm.llm_engine.worker.parallel.layout
@@ -155,9 +143,9 @@ def test_server_and_bench_with_cp2_ep2(references, tmp_path):
         code = srv.terminate()
     assert code == 0, srv.read_log()
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in children) and time.monotonic() < deadline:
+    while any(alive(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in children), "the server left a follower behind"
+    assert not any(alive(p) for p in children), "the server left a follower behind"
 
 
 def _decode(path: str, ids: list[int]) -> str:

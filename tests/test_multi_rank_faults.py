@@ -9,39 +9,17 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.distributed.launch import free_port
 from deepinfer.worker.ranks import RankFailure
+from rank_processes import alive, child_env, wait_gone
 
-REPO = Path(__file__).resolve().parents[1]
 ENGINE = dict(max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
               enforce_eager=True, skip_tokenizer_init=True, dtype="float32")
 LONG = SamplingParams(max_tokens=240, ignore_eos=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pids, timeout_s: float) -> float:
-    t0 = time.monotonic()
-    while any(_alive(p) for p in pids):
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"still running after {timeout_s} s: {[p for p in pids if _alive(p)]}")
-        time.sleep(0.05)
-    return time.monotonic() - t0
-
-
-def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def test_follower_killed_mid_generation(tiny_v4_dir):
@@ -71,7 +49,7 @@ def test_follower_killed_mid_generation(tiny_v4_dir):
     finally:
         killer.join()
         llm.close()
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 DRIVER = """
@@ -92,12 +70,12 @@ while True:
 
 
 def _start_driver(model, mode: str):
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(model), mode], env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(model), mode], env=child_env(), stdout=subprocess.PIPE,
                             text=True)
     line = proc.stdout.readline()
     assert line.startswith("FOLLOWERS"), line
     followers = [int(p) for p in line.split()[1:]]
-    assert len(followers) == 1 and all(_alive(p) for p in followers)
+    assert len(followers) == 1 and all(alive(p) for p in followers)
     return proc, followers
 
 
@@ -107,7 +85,7 @@ def test_driver_killed_followers_exit(tiny_v4_dir):
         time.sleep(1.0)   # generating
         proc.kill()
         proc.wait()
-        assert _wait_gone(followers, 10.0) < 10.0
+        assert wait_gone(followers, 10.0) < 10.0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -133,7 +111,7 @@ def test_follower_host_with_a_missing_checkpoint_fails_the_start(tiny_v4_dir, tm
     missing = tmp_path / "no-such-checkpoint"
     node1 = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "follow", "--model", str(missing),
                               "--expert-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
-                              "--master-port", str(port)], env=_env(), stderr=subprocess.DEVNULL)
+                              "--master-port", str(port)], env=child_env(), stderr=subprocess.DEVNULL)
     try:
         t0 = time.monotonic()
         with pytest.raises(RankFailure, match=r"(?s)rank 1 failed:.*no-such-checkpoint"):

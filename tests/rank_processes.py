@@ -1,0 +1,34 @@
+"""Helpers of the multi-rank engine tests (test_multi_rank.py, test_multi_rank_faults.py): whether a
+process is still running, waiting for processes to go, and the environment of a child process that
+imports this tree."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout_s: float) -> float:
+    """Seconds until none of `pids` runs; AssertionError naming the survivors after timeout_s."""
+    t0 = time.monotonic()
+    while any(alive(p) for p in pids):
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"still running after {timeout_s} s: {[p for p in pids if alive(p)]}")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def child_env() -> dict:
+    """os.environ with this tree first on PYTHONPATH."""
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
