@@ -204,11 +204,6 @@ class EngineConfig:
         if self.world_size > 1:
             self.parallel_layout().check_model(model_config)
         if self.num_speculative_tokens:
-            # Followers do not run the draft forward yet (its MoE and lane attention have collectives).
-            for name in ("context_parallel_size", "expert_parallel_size"):
-                if getattr(self, name) > 1:
-                    raise ValueError(f"num_speculative_tokens > 0 is not supported with {name} > 1 yet")
-        if self.num_speculative_tokens:
             if getattr(model_config, "model_type", None) != "deepseek_v41" \
                     or not getattr(model_config, "num_nextn_predict_layers", 0):
                 raise ValueError(

@@ -71,24 +71,32 @@ class _HostConstructors(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _meta_setup(kind, dtype, mode="plain", weights="dense"):
+def _meta_setup(kind, dtype, mode="plain", weights="dense", drafts=0):
     """The model built on the host and moved, as build_model moves it to a GPU (plain attributes such
     as RoPE tables stay on the host), a cache and a padded decode step, all on meta. weights
-    "packed": the checkpoint's quantized tensors kept packed (fp8 / fp4 kernels, packed experts)."""
+    "packed": the checkpoint's quantized tensors kept packed (fp8 / fp4 kernels, packed experts).
+    drafts > 0: speculative decoding (draft keys written by the forward, rings grown for rollback)
+    and a step of verification rows (1 + drafts tokens, one row shorter) in its verify bucket."""
     from deepinfer.model_executor.memory_report import config_weight_formats
+    from deepinfer.worker.cache_engine import speculative_ring_rows
     cfg = tiny_config(kind)
     model = DeepseekV4Model(cfg, dtype)
     if weights == "packed":
         assert model.use_weight_formats(config_weight_formats(cfg)) > 0
     model.post_load()
     model.to("meta")
-    bs = default_block_size(cfg)
-    layout = cache_layout(cfg, 5, bs, model.engram_spec)
-    cache = allocate_cache(cfg, 5, 20, bs, dtype, device="meta", mode=mode)
-    spec = BucketSpec(batch=(1, 2, 4), contexts=None, prefill_tokens=None, max_model_len=256)
-    chunks = [SeqChunk(1, 37, 1, [1, 2, 3], list(range(40))), SeqChunk(2, 10, 1, [4], list(range(12)))]
+    if drafts:
+        model.enable_drafting()
+    bs, extra = default_block_size(cfg), speculative_ring_rows(drafts)
+    layout = cache_layout(cfg, 5, bs, model.engram_spec, extra_ring_rows=extra)
+    cache = allocate_cache(cfg, 5, 20, bs, dtype, device="meta", mode=mode, extra_ring_rows=extra)
+    spec = BucketSpec(batch=(1, 2, 4), contexts=None, prefill_tokens=None, max_model_len=256,
+                      verify_tokens=1 + drafts)
+    n = 1 + drafts
+    chunks = [SeqChunk(1, 37, n, [1, 2, 3], list(range(37 + n))),
+              SeqChunk(2, 10, max(1, n - 1), [4], list(range(10 + max(1, n - 1))))]
     bucket = spec.select(chunks)
-    step = spec.static_step(chunks, bucket, layout, logits_rows=4)
+    step = spec.static_step(chunks, bucket, layout, logits_rows=4 * n)
     return model, cache, step_to(step, "meta")
 
 
@@ -105,12 +113,7 @@ def test_padded_decode_step_is_capturable(kind, dtype, mode, weights):
     fp4 KV records, encoded and decoded inside the forward; "packed" weights go through the fp8 / fp4
     GEMM kernels and the fixed-shape packed experts."""
     model, cache, step = _meta_setup(kind, dtype, mode, weights)
-    model(step, cache)                                    # warm-up: per-device tables are made here
-    mixes, ctors = _DeviceMixes(), _HostConstructors()
-    with ctors, mixes:
-        logits = model(step, cache)
-    assert logits.shape == (4, model.cfg.vocab_size) and logits.device.type == "meta"
-    assert mixes.ops == [] and ctors.calls == []
+    _assert_capturable(model, cache, step, 4)
     with pytest.raises((NotImplementedError, RuntimeError)):
         model(dataclasses.replace(step, static_shapes=False), cache)
     for rotary in model.rotary.values():
@@ -118,6 +121,24 @@ def test_padded_decode_step_is_capturable(kind, dtype, mode, weights):
     with _DeviceMixes() as again:
         model(step, cache)
     assert again.ops
+
+
+def _assert_capturable(model, cache, step, rows: int) -> None:
+    model(step, cache)                                    # warm-up: per-device tables are made here
+    mixes, ctors = _DeviceMixes(), _HostConstructors()
+    with ctors, mixes:
+        logits = model(step, cache)
+    assert logits.shape == (rows, model.cfg.vocab_size) and logits.device.type == "meta"
+    assert mixes.ops == [] and ctors.calls == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_verification_step_is_capturable(dtype):
+    """Verification rows (1 + 3 tokens, one row of 3) padded to their bucket (4 rows x 4 tokens), with
+    the draft layers' main keys written inside the forward: nothing a capture refuses."""
+    model, cache, step = _meta_setup("v41", dtype, drafts=3)
+    assert model.writes_draft_keys and step.num_tokens == 16
+    _assert_capturable(model, cache, step, 16)
 
 
 # -- the runner on CPU with HostReplay --------------------------------------------------------------
@@ -227,6 +248,41 @@ def test_warm_up_captures_every_bucket_at_engine_start(tiny_v41_dir):
         EngineConfig(model=str(d), warmup_graphs="yes")
 
 
+def _verify_run(d, model, strategy_cls, platform=None, drafts=3, oracle_of=None, monkeypatch=None):
+    """Greedy tokens of 4 prompts (the batch shrinks as they finish), the runner strategy and the
+    engine's spec counters; oracle_of: plain tokens to draft from (test_spec_decode._oracle)."""
+    from test_spec_decode import _oracle
+    prompts = _prompts(4, seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=6 + 3 * i, ignore_eos=True) for i in range(4)]
+    cfg = ModelConfig.from_pretrained(d)
+    ec = EngineConfig(model=str(d), dtype="float32", max_model_len=128, max_num_seqs=4,
+                      max_num_batched_tokens=256, num_speculative_tokens=drafts).resolve(cfg)
+    if oracle_of is not None:
+        _oracle(monkeypatch, prompts, oracle_of)
+    if strategy_cls == "graphs":
+        from deepinfer.platforms.cuda import CudaPlatform
+        strategy_cls = _host_runner(CudaPlatform().bucket_spec(ec)) if platform is None else None
+    worker = Worker(cfg, ec, model=model, strategy_cls=strategy_cls, platform=platform)
+    llm = LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
+    tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    return tokens, worker.runner.strategy, llm.llm_engine.scheduler.spec_stats
+
+
+def test_verification_rows_replay_graphs_of_their_own_buckets(tiny_v41_dir, monkeypatch):
+    """num_speculative_tokens = 3 on the CUDA bucket spec: a step of verification rows (1 + 3 tokens
+    each, fewer near max_tokens) replays the graph of its row bucket x 4 tokens, and greedy with
+    oracle drafts (accepted runs and rejections at every depth) gives exactly the eager plain tokens."""
+    d = tiny_v41_dir
+    model = build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False)
+    plain, _, _ = _verify_run(d, model, EagerStrategy, drafts=0)
+    got, runner, stats = _verify_run(d, model, "graphs", oracle_of=plain, monkeypatch=monkeypatch)
+    assert got == plain
+    assert isinstance(runner, CudaGraphStrategy) and runner.replays > 0
+    verify = [b for b in runner.graphs if b.num_tokens == 4 * b.num_seqs]
+    assert verify
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 
 @needs_cuda
@@ -265,3 +321,19 @@ def test_grouped_static_moe_on_gpu():
     want = moe.routed_experts(x, idx, w, w13, w2, 4.0).float()
     got = moe.grouped_static_experts(x, idx, w, w13, w2, 4.0).float()
     assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
+
+
+@needs_cuda
+def test_verification_graphs_equal_eager_on_gpu(tiny_v41_dir, monkeypatch):
+    """Verification rows captured and replayed on the GPU give the eager speculative tokens (and the
+    plain greedy ones)."""
+    from deepinfer.platforms.cuda import CudaPlatform
+    d = tiny_v41_dir
+    platform = CudaPlatform()
+    model = build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False, platform=platform)
+    plain, _, _ = _verify_run(d, model, EagerStrategy, platform=platform, drafts=0)
+    eager, _, _ = _verify_run(d, model, EagerStrategy, platform=platform, oracle_of=plain, monkeypatch=monkeypatch)
+    got, runner, stats = _verify_run(d, model, "graphs", platform=platform)   # oracle still patched
+    assert isinstance(runner, CudaGraphStrategy) and runner.replays > 0
+    assert any(b.num_tokens == 4 * b.num_seqs for b in runner.graphs)
+    assert got == eager == plain and stats.num_accepted_tokens > 0

@@ -246,10 +246,10 @@ def test_parallel_options_are_checked_against_the_model():
     EngineConfig(model=MODEL, context_parallel_size=2, expert_parallel_size=4, attention_tp_size=2).resolve(cfg)
 
 
-def test_drafts_across_ranks_are_refused_at_engine_start():
+def test_drafts_across_ranks_resolve_and_check_the_draft_experts():
     from model_helpers import tiny_config
-    cfg = tiny_config("v41")
-    EngineConfig(model=MODEL, num_speculative_tokens=3).resolve(cfg)
-    for sizes in (dict(context_parallel_size=2), dict(expert_parallel_size=2)):
-        with pytest.raises(ValueError, match="num_speculative_tokens > 0 is not supported with"):
-            EngineConfig(model=MODEL, num_speculative_tokens=3, **sizes).resolve(cfg)
+    cfg = tiny_config("v41")   # 4 routed experts in the draft layers
+    for sizes in (dict(), dict(context_parallel_size=2), dict(expert_parallel_size=4)):
+        EngineConfig(model=MODEL, num_speculative_tokens=3, **sizes).resolve(cfg)
+    with pytest.raises(ValueError, match=r"expert_parallel_size 8 must divide dspark_n_routed_experts \(4\)"):
+        EngineConfig(model=MODEL, num_speculative_tokens=3, expert_parallel_size=8).resolve(cfg)

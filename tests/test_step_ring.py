@@ -131,3 +131,59 @@ def test_split_groups_by_slot_with_equal_rows():
     assert buckets[0].num_tokens == buckets[1].num_tokens == 16
     with pytest.raises(ValueError, match="scratch slot"):
         split_groups([_chunk(0, 0, 1)], 2)
+
+
+def test_draft_blocks_round_trip_and_pad_groups_with_placeholder_rows():
+    """A draft block message (KIND_DRAFT) keeps every field; with dp 2 each group drafts its own
+    sequences (slot % 2) padded with placeholder rows that select no expert, and the gather order puts
+    each sequence's B rows back where the block had them."""
+    from types import SimpleNamespace
+
+    from deepinfer.distributed.step_codec import KIND_DRAFT
+    from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
+    from deepinfer.worker.runners.eager import EagerStrategy
+    from deepinfer.worker.step_fanout import StepFanout
+    layout = _layout()
+    block = DraftBlock(slots=[1, 2, 3], last_pos=[4, 9, 20], first_tokens=[11, 12, 13], block=3)
+    step = draft_step_inputs(block, layout, 128000)
+    assert step.token_valid is None
+    back = decode(to_bytes(StepMessage(KIND_DRAFT, [GroupStep(step, None, 9)], 9)))
+    assert back.kind == KIND_DRAFT
+    _same(back.groups[0].step, step)
+
+    strategy = EagerStrategy(None, layout)
+    driver = SimpleNamespace(dp=2, dp_rank=0)
+    prepared = StepFanout(driver, None, None).prepare_draft(strategy, block, 128000)
+    groups = prepared.fanout.message.groups
+    assert [g.num_logits for g in groups] == [3, 6] and prepared.fanout.gather_rows == 6
+    odd = groups[1].step   # slots 1 and 3
+    assert odd.token_valid is None and odd.input_ids.view(2, 3)[:, 0].tolist() == [11, 13]
+    even = groups[0].step  # slot 2 and one placeholder row
+    assert even.token_valid.tolist() == [True] * 3 + [False] * 3
+    assert even.input_ids.view(2, 3)[:, 0].tolist() == [12, 0]
+    # gathered rows: group 0 rows 0..5 (slot 2, placeholder), group 1 rows 6..11 (slots 1, 3)
+    assert prepared.fanout.order.tolist() == [6, 7, 8, 0, 1, 2, 9, 10, 11]
+
+
+def test_ring_slots_hold_verification_rows_and_draft_blocks(tiny_v41_dir):
+    """slot_bytes sizes the ring for the largest speculative messages too."""
+    from deepinfer.config import ModelConfig
+    from deepinfer.distributed.step_codec import KIND_DRAFT
+    from deepinfer.engine_config import EngineConfig
+    from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
+    from deepinfer.worker.runners.eager import EagerStrategy
+    from deepinfer.worker.step_fanout import slot_bytes
+    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
+    ec = EngineConfig(model=str(tiny_v41_dir), max_model_len=512, max_num_seqs=16, max_num_batched_tokens=96,
+                      num_speculative_tokens=5).resolve(cfg)
+    layout = _layout()
+    strategy = EagerStrategy(None, layout)
+    size = slot_bytes(strategy, ec, 1)
+    table = list(range(1, 9))
+    rows = [SeqChunk(slot=s + 1, ctx_len=500, num_new=6, block_table=table, token_ids=[1] * 506, num_logits=6)
+            for s in range(16)]
+    step, _ = strategy.prepare_host(rows)
+    assert len(to_bytes(StepMessage(KIND_STEP, [GroupStep(step, None, 96)], 0))) <= size
+    block = DraftBlock(list(range(1, 17)), [505] * 16, [1] * 16, 5)
+    draft = StepMessage(KIND_DRAFT, [GroupStep(draft_step_inputs(block, layout, 0), None, 80)], 0)
+    assert len(to_bytes(draft)) <= size

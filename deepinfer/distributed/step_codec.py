@@ -4,8 +4,8 @@ A message is a small header, a JSON description, then the raw bytes of every ten
 
     "DIST" | kind u32 | json length u32 | json | tensor bytes (each 8-byte aligned)
 
-The JSON holds the message's fields (kind STEP or SHUTDOWN, the logits rows every group pads to for
-the gather) and, per data-parallel group, its bucket, its real logits rows and its StepInputs as a
+The JSON holds the message's fields (kind STEP, DRAFT or SHUTDOWN, the logits rows every group pads to
+for the gather) and, per data-parallel group, its bucket, its real logits rows and its StepInputs as a
 tree: dataclasses (StepInputs, CompressMeta) by name, dicts with tuple keys (the compressor metadata
 is keyed by (ratio, ring, overlap)), tensors as [dtype, shape, offset, nbytes], plain values as is.
 The tree is walked generically, so a field added to StepInputs travels without a change here.
@@ -25,6 +25,9 @@ from deepinfer.model_executor.static_step import Bucket
 MAGIC = b"DIST"
 _HEAD = struct.Struct("<4sII")
 KIND_STEP, KIND_SHUTDOWN = 1, 2
+# A DSpark draft block (worker/spec_decode.py): every rank runs the draft layers too, because their MoE
+# and lane attention have collectives; its StepInputs travel like a step's (bucket None, eager).
+KIND_DRAFT = 3
 _CLASSES = {"StepInputs": StepInputs, "CompressMeta": CompressMeta}
 _ALIGN = 8
 

@@ -33,9 +33,11 @@ class CudaPlatform(Platform):
 
     def bucket_spec(self, engine_config) -> BucketSpec:
         """Decode row buckets from max_num_seqs; context buckets powers of two (>= 64) up to
-        max_model_len; no prefill bucket (prompt steps run eagerly)."""
+        max_model_len; no prefill bucket (prompt steps run eagerly). With speculative decoding, every
+        row bucket also has a verification graph of 1 + num_speculative_tokens tokens a row."""
         return BucketSpec(batch=cuda_batch_buckets(int(engine_config.max_num_seqs)), contexts=None,
-                          prefill_tokens=None, max_model_len=engine_config.max_model_len)
+                          prefill_tokens=None, max_model_len=engine_config.max_model_len,
+                          verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0))
 
     def validate_config(self, engine_config, model_config) -> None:
         if not torch.cuda.is_available():

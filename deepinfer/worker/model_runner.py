@@ -28,9 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs
+from deepinfer.distributed.step_codec import KIND_DRAFT
+from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, step_to
 from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from deepinfer.model_executor.layers.token_scores import TokenScores, score_tokens
+from deepinfer.model_executor.models.dspark_draft import draft_step_inputs
 from deepinfer.model_executor.static_step import Bucket
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.worker.runners.base import RunnerStrategy
@@ -157,12 +159,35 @@ class ModelRunner:
         return StepOutput(logits, sampled, scored)
 
     @torch.inference_mode()
+    def draft(self, block, noise_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden_pre [R*B, D], base logits [R*B, V] fp32) of one DSpark draft block
+        (models/dspark_draft.py DraftBlock), rows in block order. On a model spread over ranks the
+        block is published first and every rank runs it (its MoE and lane attention have collectives)."""
+        if self.fanout is None:
+            step = step_to(draft_step_inputs(block, self.layout, noise_id), self.strategy.device)
+            return self.model.draft(step, self.cache)
+        prepared = self.fanout.prepare_draft(self.strategy, block, noise_id)
+        self.publish(prepared)
+        return self.execute_draft(prepared)
+
+    def execute_draft(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, base = self.model.draft(prepared.step, self.cache)
+        d = hidden.shape[1]
+        # one gather for both: hidden_pre travels as fp32 beside the fp32 logits
+        rows = self.fanout.gather(prepared, torch.cat([hidden.float(), base], dim=1)[: prepared.num_logits])
+        return rows[:, :d].to(hidden.dtype), rows[:, d:]
+
+    @torch.inference_mode()
     def follow(self) -> int:
         """A follower's loop: run every step the driver publishes through `execute` (the same strategy
-        forward, no sampling) until the driver says stop; returns the number of steps run."""
+        forward, no sampling), and every draft block through `execute_draft`, until the driver says
+        stop; returns the number of messages run."""
         steps = 0
         while (prepared := self.fanout.receive(self.strategy)) is not None:
-            self.execute(prepared)
+            if prepared.fanout.kind == KIND_DRAFT:
+                self.execute_draft(prepared)
+            else:
+                self.execute(prepared)
             steps += 1
         return steps
 

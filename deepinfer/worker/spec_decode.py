@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.model_executor.forward_meta import step_to
 from deepinfer.model_executor.layers.sample_draw import MTP_SEED_OFFSET
 from deepinfer.model_executor.layers.sampler import SamplingBatch
 from deepinfer.model_executor.layers.spec_verify import VerifyBatch, verify
@@ -164,8 +163,7 @@ class SpecDecoder:
             last_pos=[new_len - 2 for _, _, new_len in rows],
             first_tokens=[results[i].tokens[-1][0] for i, _, _ in rows], block=b)
         runner = self.runner
-        step = step_to(dspark_draft.draft_step_inputs(block, runner.layout, self.noise_id), runner.strategy.device)
-        hidden, base = self.model.draft(step, runner.cache)
+        hidden, base = runner.draft(block, self.noise_id)   # every rank runs it on a model over ranks
         r = len(rows)
         hidden, base = hidden.view(r, b, -1), base.view(r, b, -1)
         seqs = [scheduled[i].seq for i, _, _ in rows]

@@ -13,6 +13,12 @@ The driver (rank 0) alone schedules and samples. Per step, through ModelRunner.r
   largest group, over `ParallelGroups.dp_leaders`, and the driver puts them back in chunk order.
 Followers get the message in `receive` and run `ModelRunner.execute` on it (ModelRunner.follow).
 
+Speculative decoding adds a second message per step: the DSpark draft block (`prepare_draft`), which
+every rank runs through the draft layers (their MoE and lane attention have collectives). Its rows are
+shared out like a step's (group `state_slot % dp`, each group padded with placeholder rows to the
+largest group), and the group leaders all-gather [hidden_pre | base logits] per row so the driver
+samples the drafts (ModelRunner.draft).
+
 The KV pools are full size on every rank, although a rank only ever holds its group's sequences:
 with dp > 1 that is dp times the memory the rows need (the scheduler has one block pool for all).
 """
@@ -23,9 +29,10 @@ import dataclasses
 import torch
 
 from deepinfer.distributed import comm
-from deepinfer.distributed.step_codec import (KIND_SHUTDOWN, KIND_STEP, GroupStep, StepMessage, decode,
-                                              to_bytes)
-from deepinfer.model_executor.forward_meta import SeqChunk
+from deepinfer.distributed.step_codec import (KIND_DRAFT, KIND_SHUTDOWN, KIND_STEP, GroupStep, StepMessage,
+                                              decode, to_bytes)
+from deepinfer.model_executor.forward_meta import SeqChunk, step_to
+from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
 from deepinfer.model_executor.static_step import Bucket, pad_chunks
 from deepinfer.worker.model_runner import PreparedStep
 
@@ -38,6 +45,7 @@ class FanoutStep:
     message: StepMessage | None     # the driver's whole step (None on a follower)
     gather_rows: int                # logits rows every group leader contributes
     order: torch.Tensor | None = None  # driver, dp > 1: gathered row of each real logits row, chunk order
+    kind: int = KIND_STEP           # KIND_STEP (a main forward) or KIND_DRAFT (a draft block)
 
 
 def _logit_rows(chunks: list[SeqChunk]) -> int:
@@ -106,6 +114,28 @@ class StepFanout:
         return PreparedStep(strategy.to_device(own.step, own.bucket), own.bucket, own.num_logits,
                             FanoutStep(msg, rows, torch.tensor(order, dtype=torch.long)))
 
+    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
+        """A draft block shared out like a step (module docstring); num_logits counts its B rows per
+        sequence, which come back from `gather` in the block's row order."""
+        b, dp, layout = block.block, self.layout.dp, strategy.layout
+        if dp == 1:
+            step = draft_step_inputs(block, layout, noise_id)
+            n = len(block) * b
+            msg = StepMessage(KIND_DRAFT, [GroupStep(step, None, n)], n)
+            return PreparedStep(step_to(step, strategy.device), None, n, FanoutStep(msg, n, kind=KIND_DRAFT))
+        index = [[r for r, slot in enumerate(block.slots) if slot % dp == g] for g in range(dp)]
+        rows = max(len(i) for i in index)
+        groups, where = [], {}
+        for g, members in enumerate(index):
+            step = draft_step_inputs(block.rows(members).padded(rows), layout, noise_id)
+            groups.append(GroupStep(step, None, len(members) * b))
+            where.update({r: (g * rows + j) * b for j, r in enumerate(members)})
+        order = torch.tensor([where[r] + k for r in range(len(block)) for k in range(b)], dtype=torch.long)
+        msg = StepMessage(KIND_DRAFT, groups, rows * b)
+        own = groups[self.layout.dp_rank]
+        return PreparedStep(step_to(own.step, strategy.device), None, own.num_logits,
+                            FanoutStep(msg, rows * b, order, kind=KIND_DRAFT))
+
     def publish(self, prepared: PreparedStep) -> None:
         self.channel.send(prepared.fanout.message)
         self.steps_published += 1
@@ -116,7 +146,8 @@ class StepFanout:
 
     # -- every rank ----------------------------------------------------------------------------
     def gather(self, prepared: PreparedStep, logits: torch.Tensor) -> torch.Tensor:
-        """The driver: every group's real logits rows in chunk order; another rank: its own rows."""
+        """The driver: every group's real logits rows in chunk order; another rank: its own rows.
+        (Of a draft block: its rows of [hidden_pre | base logits], in the block's row order.)"""
         fs = prepared.fanout
         if self.layout.dp == 1 or self.groups.dp_leaders is None or fs.gather_rows == 0:
             return logits
@@ -133,9 +164,12 @@ class StepFanout:
         msg = decode(self.channel.receive(), group=self.layout.dp_rank)
         if msg.kind == KIND_SHUTDOWN:
             return None
+        own = msg.groups[self.layout.dp_rank]
+        if msg.kind == KIND_DRAFT:
+            return PreparedStep(step_to(own.step, strategy.device), None, own.num_logits,
+                                FanoutStep(None, msg.gather_rows, kind=KIND_DRAFT))
         if msg.kind != KIND_STEP:
             raise RuntimeError(f"step message of unknown kind {msg.kind}")
-        own = msg.groups[self.layout.dp_rank]
         return PreparedStep(strategy.to_device(own.step, own.bucket), own.bucket, own.num_logits,
                             FanoutStep(None, msg.gather_rows))
 
@@ -143,8 +177,9 @@ class StepFanout:
 def slot_bytes(strategy, engine_config, dp: int) -> int:
     """Ring slot size for every step a valid config can schedule: the encoded size of the largest
     steps (max_num_batched_tokens tokens at the end of a max_model_len context, alone or beside
-    max_num_seqs - 1 decode rows), built by the strategy itself (buckets and padding included), for
-    each of the dp groups, plus headroom."""
+    max_num_seqs - 1 decode rows; with speculative decoding also verification rows of 1 + B tokens
+    and the draft block of max_num_seqs sequences), built by the strategy itself (buckets and padding
+    included), for each of the dp groups, plus headroom."""
     tokens, max_len = int(engine_config.max_num_batched_tokens), int(engine_config.max_model_len)
     seqs = int(engine_config.max_num_seqs)
     block = int(strategy.layout.block_size)
@@ -167,9 +202,17 @@ def slot_bytes(strategy, engine_config, dp: int) -> int:
     if seqs > 1 and tokens > seqs:
         cases.append([chunk(1, s + 1) for s in range(seqs - 1)] + prompt_chunks(tokens - seqs + 3, seqs))
     cases.append([chunk(1, s + 1) for s in range(seqs)])
+    drafts = int(getattr(engine_config, "num_speculative_tokens", 0) or 0)
+    if drafts:   # verification rows: 1 + B tokens each, as many as the token budget holds
+        rows = max(1, min(seqs, tokens // (1 + drafts)))
+        cases.append([chunk(1 + drafts, s + 1) for s in range(rows)])
     largest = 0
     for chunks in cases:
         step, bucket = strategy.prepare_host(chunks)
         msg = StepMessage(KIND_STEP, [GroupStep(step, bucket, _logit_rows(chunks))], 0)
         largest = max(largest, len(to_bytes(msg)))
+    if drafts:   # the draft block of every sequence
+        block = DraftBlock(list(range(1, seqs + 1)), [max_len - 2] * seqs, [1] * seqs, drafts)
+        step = draft_step_inputs(block, strategy.layout, 0)
+        largest = max(largest, len(to_bytes(StepMessage(KIND_DRAFT, [GroupStep(step, None, seqs * drafts)], 0))))
     return dp * (largest + largest // 4) + _SLOT_HEADROOM

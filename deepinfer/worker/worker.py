@@ -1,5 +1,6 @@
 """One rank: selects its device through the platform, builds the model and its caches, and holds the
 ModelRunner (worker/model_runner.py) that runs each step; turns scheduled sequences into sampled tokens."""
+import contextlib
 import logging
 import time
 
@@ -183,16 +184,14 @@ class Worker:
                                    num_new=s.num_new_tokens, block_table=s.seq.block_table,
                                    token_ids=s.seq.token_ids + drafts if drafts else s.seq.token_ids,
                                    num_logits=len(positions) + ((1 + len(drafts)) if s.do_sample else 0)))
-        if self.spec is not None:
-            sampled, results = self.spec.execute(self, scheduled, chunks, scores)
-        else:
-            samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
-            if self.ranks is None:
-                out = self.runner.run(chunks, samples, scores or None)
+        # a follower's death becomes a RankFailure naming it
+        with contextlib.nullcontext() if self.ranks is None else self.ranks.guard():
+            if self.spec is not None:
+                sampled, results = self.spec.execute(self, scheduled, chunks, scores)
             else:
-                with self.ranks.guard():   # a follower's death becomes a RankFailure naming it
-                    out = self.runner.run(chunks, samples, scores or None)
-            sampled, results = out.sampled, out.scores
+                samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
+                out = self.runner.run(chunks, samples, scores or None)
+                sampled, results = out.sampled, out.scores
         for s, req, result in zip(scored_rows, scores, results or ()):
             s.prompt_logprobs = prompt_logprob_entries(req.target_ids, result)
         return sampled

@@ -87,11 +87,30 @@ def write_main_keys(model, ctx: StepContext) -> None:
 
 @dataclass
 class DraftBlock:
-    """Rows of one draft forward: sequence r drafts from x0 = first_tokens[r] at position last_pos[r] + 1."""
+    """Rows of one draft forward: sequence r drafts from x0 = first_tokens[r] at position last_pos[r] + 1.
+
+    The last `placeholders` rows pad a data-parallel group to the step's largest group
+    (worker/step_fanout.py): scratch slot 0, their tokens select no expert, their outputs are dropped."""
     slots: list[int]
     last_pos: list[int]      # a: the last position whose main key is in the ring
     first_tokens: list[int]  # x0
     block: int               # B
+    placeholders: int = 0
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def rows(self, index: list[int]) -> DraftBlock:
+        """The block of rows `index` (in that order; real rows only)."""
+        assert not self.placeholders
+        return DraftBlock([self.slots[i] for i in index], [self.last_pos[i] for i in index],
+                          [self.first_tokens[i] for i in index], self.block)
+
+    def padded(self, num_rows: int) -> DraftBlock:
+        """This block with placeholder rows (scratch slot 0, position 1, token 0) up to num_rows."""
+        extra = num_rows - len(self)
+        return DraftBlock(self.slots + [0] * extra, self.last_pos + [0] * extra,
+                          self.first_tokens + [0] * extra, self.block, self.placeholders + extra)
 
 
 def draft_step_inputs(rows: DraftBlock, layout: CacheLayout, noise_id: int) -> StepInputs:
@@ -110,10 +129,12 @@ def draft_step_inputs(rows: DraftBlock, layout: CacheLayout, noise_id: int) -> S
     idx = torch.cat([main_rows, block_rows], dim=1)
     valid = torch.cat([main_pos >= 0, torch.ones(r, b, dtype=torch.bool)], dim=1)
     empty = torch.zeros(0, dtype=torch.long)
+    real = torch.arange(r) < r - rows.placeholders
     return StepInputs(
         input_ids=ids.reshape(-1), positions=positions, logits_indices=torch.arange(r * b),
         swa_idx=idx.repeat_interleave(b, dim=0), swa_valid=valid.repeat_interleave(b, dim=0),
-        swa_write_src=empty, swa_write_dst=empty)
+        swa_write_src=empty, swa_write_dst=empty,
+        token_valid=None if bool(real.all()) else real.repeat_interleave(b))
 
 
 def draft_forward(model, step: StepInputs, cache) -> tuple[torch.Tensor, torch.Tensor]:
