@@ -153,13 +153,15 @@ def _decode(path: str, ids: list[int]) -> str:
     return load_tokenizer(path).decode(ids)
 
 
-def test_bench_offline_records_the_layout(tiny_v4_dir, tmp_path):
+def test_bench_offline_records_the_layout(tiny_v41_dir, tmp_path):
+    """--cp 2 --ep 2 --nextn 3: speculative decoding over ranks through the bench."""
     out = tmp_path / "bench.json"
-    assert bench_neuron.main(["--model", str(tiny_v4_dir), "--input-lens", "6", "--output-lens", "3",
+    assert bench_neuron.main(["--model", str(tiny_v41_dir), "--input-lens", "6", "--output-lens", "4",
                               "--concurrency", "2", "--num-prompts", "2", "--num-warmups", "0", "--enforce-eager",
-                              "--cp", "2", "--ep", "2", "--out", str(out)]) == 0
+                              "--cp", "2", "--ep", "2", "--nextn", "3", "--out", str(out)]) == 0
     rec = json.loads(out.read_text())["records"][0]
     assert (rec["completed"], rec["failed"]) == (2, 0)
+    assert rec["nextn"] == 3 and rec["spec_decode"]["draft_tokens"] > 0
     assert rec["platform"]["layout"] == {"world_size": 2, "cp": 2, "ep": 2, "attention_tp_size": 2, "dp": 1,
                                          "nnodes": 1}
     assert rec["config"]["engine"]["context_parallel_size"] == 2
