@@ -37,8 +37,11 @@ def model_dir_fixture(request, tmp_path_factory) -> Path:
 
 
 def engine_args() -> dict:
-    """The engine settings the server runs with (the offline reference uses the same)."""
-    return dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=NUM_KV_BLOCKS)
+    """The engine settings the server runs with (the offline reference uses the same). fp32: in bf16
+    a row's logits move (~0.1) with the batch it shares a GEMM with, so a server batch and an offline
+    batch of the same prompts can break a near-tie differently (tests compare their tokens)."""
+    return dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=NUM_KV_BLOCKS,
+                dtype="float32")
 
 
 def free_port() -> int:
@@ -56,7 +59,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "serve", "--model", str(model_dir), "--port", str(self.port),
                "--served-model-name", MODEL_NAME, "--max-model-len", str(MAX_MODEL_LEN),
                "--max-num-seqs", str(MAX_NUM_SEQS), "--num-kv-blocks", str(NUM_KV_BLOCKS),
-               "--log-level", "warning", *extra]
+               "--dtype", engine_args()["dtype"], "--log-level", "warning", *extra]
         if api_key:
             cmd += ["--api-key", api_key]
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
