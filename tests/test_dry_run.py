@@ -195,3 +195,25 @@ def test_v41_flash_at_cp64_ep64(tmp_path):
     assert max(r["weights_bytes"] for r in report["ranks"]) <= 17 * GIB
     _check_layers(cfg, report["decode_step"], 8, 64, 64, 8)
     assert report["decode_step"]["max_collectives_per_layer"] <= 2
+
+
+def test_speculative_steps_at_cp2_ep2():
+    """--nextn: the verification step (rows of 1 + B tokens) keeps 2 collectives a decoder layer and
+    also reads the draft layers' key weights; the draft block has a lane all-reduce and a MoE combine
+    per draft layer; the break-even tokens per step is the floors' ratio."""
+    cfg = tiny_config("v41")
+    report = dr.dry_run(cfg, cp=2, ep=2, batch=4, context=256, prefill_tokens=32, nextn=3)
+    dec, ver, dra = report["decode_step"], report["verify_step"], report["draft_block"]
+    assert (ver["tokens"], ver["rows"]) == (16, 4) and ver["max_collectives_per_layer"] <= 2
+    assert len(ver["collectives"]) == len(dec["collectives"]) == 2 * cfg.num_layers
+    assert ver["bytes_read"]["weights"] > dec["bytes_read"]["weights"]   # main_proj and the draft wkv
+    assert (dra["tokens"], dra["num_layers"]) == (12, cfg.num_nextn_predict_layers)
+    assert len(dra["collectives"]) == 2 * cfg.num_nextn_predict_layers
+    est = report["speculative_estimate"]
+    assert est["label"].startswith("ESTIMATE")
+    for key in ("floor_hw_ms", "floor_seed_latency_ms"):
+        e = est[key]
+        spec = ver["floor_estimate"][key] + dra["floor_estimate"][key]
+        assert e["speculative_step"] == pytest.approx(spec)
+        assert e["break_even_tokens_per_step"] == pytest.approx(spec / dec["floor_estimate"][key]) and spec > e["plain_step"]
+    assert "pays off above" in dr.format_dry_run(report)

@@ -20,6 +20,12 @@ prompt) through the fixed-shape path the Neuron graphs run (static_step.BucketSp
 placeholder rows, static sizes, no host syncs), recording every collective (comm.record_collectives,
 per decoder layer through the forward's run_layer hook) and the bytes the step reads (ReadCounter).
 
+With `nextn = B > 0` (speculative decoding, docs/model.md §3.8) each class also runs the
+verification step (`batch` rows of 1 + B tokens: the main forward also writes the draft layers' main
+keys) and one DSpark draft block (`batch` rows of B tokens through the draft layers), and the report
+gives the tokens per step a speculative step must emit to beat a plain decode step at the estimated
+floors (`speculative_estimate`).
+
 `floor_estimate` turns a step into a labelled ESTIMATE of its lower bound on trn2 (HBM bytes /
 bandwidth per rank, collectives at a stated latency); nothing here ran on a device.
 """
@@ -97,14 +103,15 @@ def shard_signature(model, layout: ParallelLayout) -> tuple:
 # ---------------------------------------------------------------------------------------------
 
 
-def dry_run_cache(cfg, batch: int, context: int, dtype=torch.bfloat16, mode: str = "plain", engram_spec=None):
+def dry_run_cache(cfg, batch: int, context: int, dtype=torch.bfloat16, mode: str = "plain", engram_spec=None,
+                  nextn: int = 0):
     """(cache on meta, CacheLayout, block size): `batch` rows of `context` tokens plus the scratch slot
-    and block, as the worker sizes a pool for them."""
-    from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
-    bs = default_block_size(cfg)
+    and block, as the worker sizes a pool for them (rings grown for `nextn` drafts' rollback)."""
+    from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size, speculative_ring_rows
+    bs, extra = default_block_size(cfg), speculative_ring_rows(nextn)
     slots, blocks = batch + 1, batch * -(-context // bs) + 1
-    cache = allocate_cache(cfg, slots, blocks, bs, dtype, device="meta", mode=mode)
-    return cache, cache_layout(cfg, slots, bs, engram_spec), bs
+    cache = allocate_cache(cfg, slots, blocks, bs, dtype, device="meta", mode=mode, extra_ring_rows=extra)
+    return cache, cache_layout(cfg, slots, bs, engram_spec, extra_ring_rows=extra), bs
 
 
 def cache_bytes(cache) -> int:
@@ -123,12 +130,14 @@ def _tokens(n: int, seed: int) -> list[int]:
     return [(seed * 7919 + i * 104729) % 100000 + 3 for i in range(n)]
 
 
-def decode_chunks(batch: int, context: int, block_size: int):
-    """`batch` rows, each decoding its `context`-th token (own slot, own blocks)."""
+def decode_chunks(batch: int, context: int, block_size: int, tokens_per_row: int = 1):
+    """`batch` rows, each feeding the last `tokens_per_row` of its `context` tokens (own slot, own
+    blocks): decode rows, or verification rows [x0, d_0 .. d_{B-1}] with tokens_per_row = 1 + B."""
     from deepinfer.model_executor.forward_meta import SeqChunk
     nb = -(-context // block_size)
-    return [SeqChunk(slot=1 + i, ctx_len=context - 1, num_new=1,
-                     block_table=list(range(1 + i * nb, 1 + (i + 1) * nb)), token_ids=_tokens(context, i))
+    return [SeqChunk(slot=1 + i, ctx_len=context - tokens_per_row, num_new=tokens_per_row,
+                     block_table=list(range(1 + i * nb, 1 + (i + 1) * nb)), token_ids=_tokens(context, i),
+                     num_logits=tokens_per_row)
             for i in range(batch)]
 
 
@@ -244,6 +253,52 @@ def run_step(model, cache, layout, chunks, bucket, logits_rows: int) -> dict:
             "bytes_read": counter.bytes_by_category()}
 
 
+def run_draft_block(model, cache, layout, batch: int, context: int, nextn: int) -> dict:
+    """One DSpark draft block on meta (models/dspark_draft.py): `batch` rows of `nextn` tokens at the
+    end of `context`-token sequences, through the fixed-shape MoE (as a compiled block would run; the
+    engine runs it eagerly today), then the per-depth Markov and confidence heads the driver runs to
+    sample the drafts (their reads count; the draws themselves do not); the keys of run_step's report."""
+    import dataclasses
+
+    from deepinfer.model_executor.forward_meta import step_to
+    from deepinfer.model_executor.models import dspark_draft
+    from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
+    block = DraftBlock(list(range(1, batch + 1)), [context - 1] * batch, _tokens(batch, 1), nextn)
+    step = draft_step_inputs(block, layout, int(model.cfg.dspark_noise_token_id))
+    step = step_to(dataclasses.replace(step, static_shapes=True), "meta")
+    counter = ReadCounter(storage_categories(model, cache))
+    with comm.record_collectives() as everything, counter:
+        hidden, logits = model.draft(step, cache)
+        # then the driver, depth by depth (worker/spec_decode.py): the Markov and confidence heads
+        prev = step.input_ids.view(batch, nextn)[:, 0]
+        for k in range(nextn):
+            pe = dspark_draft.markov_embed(model, prev)
+            (logits.view(batch, nextn, -1)[:, k] + dspark_draft.markov_logits(model, pe)).argmax(dim=-1)
+            dspark_draft.confidence(model, hidden.view(batch, nextn, -1)[:, k], pe)
+    if logits.shape[0] != batch * nextn:
+        raise RuntimeError(f"dry run: {logits.shape[0]} draft rows, expected {batch * nextn}")
+    read = counter.bytes_by_category()
+    # ReadCounter counts a tensor once a step; the Markov head's [V, r] weight is read again at every
+    # depth (too large to stay on chip), the rest of the per-depth heads are small
+    head = mr.model_tensors(model.mtp[-1].markov_head.head)
+    read["weights"] = read.get("weights", 0) + (nextn - 1) * sum(t.numel() * t.element_size() for t in head.values())
+    return {"tokens": batch * nextn, "rows": batch, "context": context, "kv_bytes_held": cache_bytes(cache),
+            "num_layers": len(model.mtp), "collectives": everything, "bytes_read": read}
+
+
+def speculative_estimate(decode: dict, verify: dict, draft: dict, nextn: int) -> dict:
+    """ESTIMATE: a speculative step (verification + draft block) against a plain decode step, at the
+    floors of floor_estimate; break-even = the tokens per step a speculative step must emit to match
+    plain decoding's tokens per second (what the drafts' acceptance has to reach)."""
+    out = {"label": "ESTIMATE (not measured)", "nextn": nextn}
+    for key in ("floor_hw_ms", "floor_seed_latency_ms"):
+        plain = decode["floor_estimate"][key]
+        spec = verify["floor_estimate"][key] + draft["floor_estimate"][key]
+        out[key] = {"plain_step": plain, "speculative_step": spec, "break_even_tokens_per_step": spec / plain,
+                    "reachable": spec / plain <= 1 + nextn}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # the report
 # ---------------------------------------------------------------------------------------------
@@ -263,9 +318,9 @@ def rank_bytes(model, cache, layout: ParallelLayout) -> dict:
 
 def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: int = 1, steps: bool = True,
             batch: int = 8, context: int = 4096, prefill_tokens: int = 128, dtype=torch.bfloat16,
-            kv_cache_mode: str = "plain", ranks=None, log=None) -> dict:
+            kv_cache_mode: str = "plain", ranks=None, log=None, nextn: int = 0) -> dict:
     """The report of the module docstring. attn_tp defaults to min(cp, 8) (the engine's lane default);
-    ranks: the ranks to walk (default all)."""
+    ranks: the ranks to walk (default all); nextn: drafts per row (speculative steps too)."""
     from deepinfer.model_executor.static_step import Bucket
     attn_tp = attn_tp or min(cp, 8)
     world = max(cp, ep)
@@ -277,7 +332,8 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
         with fake_world(r, world):
             groups = ParallelGroups.create(layout)
             model = build_rank_model(cfg, groups, dtype)
-            cache, cache_layout, bs = dry_run_cache(cfg, batch, context, dtype, kv_cache_mode, model.engram_spec)
+            cache, cache_layout, bs = dry_run_cache(cfg, batch, context, dtype, kv_cache_mode, model.engram_spec,
+                                                    nextn)
             rows.append(rank_bytes(model, cache, layout))
             sig = shard_signature(model, layout)
             cls = classes.setdefault(sig, {"ranks": []})
@@ -290,26 +346,42 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
                 cls["prefill_chunk"] = run_step(model, cache, cache_layout,
                                                 prefill_chunks(prefill_tokens, context, bs),
                                                 Bucket(1, prefill_tokens, context), logits_rows=1)
+                if nextn:
+                    model.enable_drafting()   # from here the main forward also writes the draft keys
+                    q = 1 + nextn
+                    cls["verify_step"] = run_step(model, cache, cache_layout, decode_chunks(batch, context, bs, q),
+                                                  Bucket(batch, batch * q, context), logits_rows=batch * q)
+                    cls["draft_block"] = run_draft_block(model, cache, cache_layout, batch, context, nextn)
             del model, cache
     report = {"config": {"model_type": cfg.model_type, "num_layers": cfg.num_layers},
               "layout": {"cp": cp, "ep": ep, "attn_tp": attn_tp, "nnodes": nnodes, "world_size": world,
                          "ranks_per_node": world // nnodes},
               "sharded": world == 1 or model_takes_parallel(),
               "dtype": str(dtype).removeprefix("torch."), "kv_cache_mode": kv_cache_mode,
-              "step_shapes": {"decode_rows": batch, "context": context, "prefill_tokens": prefill_tokens},
+              "step_shapes": {"decode_rows": batch, "context": context, "prefill_tokens": prefill_tokens,
+                              "nextn": nextn},
               "engram_accounting": "engram_bytes = one host's shared Engram tables / ranks per host (host "
                                    "memory, not HBM); weights_bytes excludes them",
               "ranks": rows,
               "shard_classes": [{"ranks": c["ranks"]} for c in classes.values()]}
     if steps:
         first = next(iter(classes.values()))
-        for key in ("decode_step", "prefill_chunk"):
+        keys = STEP_KEYS if nextn else STEP_KEYS[:2]
+        for key in keys:
             report[key] = {**first[key], "same_for_ranks": first["ranks"],
                            "floor_estimate": floor_estimate(first[key])}
+        if nextn:
+            report["speculative_estimate"] = speculative_estimate(report["decode_step"], report["verify_step"],
+                                                                  report["draft_block"], nextn)
         if len(classes) > 1:
-            report["other_classes"] = [{"ranks": c["ranks"], "decode_step": c["decode_step"],
-                                        "prefill_chunk": c["prefill_chunk"]} for c in list(classes.values())[1:]]
+            report["other_classes"] = [{"ranks": c["ranks"], **{k: c[k] for k in keys}}
+                                       for c in list(classes.values())[1:]]
     return report
+
+
+STEP_KEYS = ("decode_step", "prefill_chunk", "verify_step", "draft_block")
+STEP_TITLES = {"decode_step": "decode step", "prefill_chunk": "prompt chunk",
+               "verify_step": "verification step", "draft_block": "draft block"}
 
 
 def _seed_latency(group_size: int) -> float:
@@ -362,14 +434,17 @@ def format_dry_run(report: dict) -> str:
     target = 17 * gib
     lines.append(f"weights <= 17 GiB a rank: {'yes' if max(w) <= target else 'NO'} (max {max(w) / gib:.2f} GiB)")
     lines.append(f"Engram: {report['engram_accounting']}")
-    for key, title in (("decode_step", "decode step"), ("prefill_chunk", "prompt chunk")):
+    for key, title in STEP_TITLES.items():
         if key not in report:
             continue
         s, f = report[key], report[key]["floor_estimate"]
         lines.append(f"-- {title}: {s['tokens']} tokens in {s['rows']} rows, context {s['context']}, "
-                     f"{s['num_layers']} decoder layers")
-        lines.append(f"   collectives: {len(s['collectives'])} ({s['max_collectives_per_layer']} per layer at most, "
-                     f"{s['outside_layers']} outside the layers)")
+                     f"{s['num_layers']} {'draft' if key == 'draft_block' else 'decoder'} layers")
+        if "max_collectives_per_layer" in s:
+            lines.append(f"   collectives: {len(s['collectives'])} ({s['max_collectives_per_layer']} per layer at "
+                         f"most, {s['outside_layers']} outside the layers)")
+        else:
+            lines.append(f"   collectives: {len(s['collectives'])}")
         for c in collective_summary(s["collectives"]):
             lines.append(f"     {c['count']:4d} x {c['op']:14s} group {c['group_size']:3d}  {c['bytes']:>10d} B")
         br = s["bytes_read"]
@@ -378,6 +453,13 @@ def format_dry_run(report: dict) -> str:
                      f"a rank) + collectives {f['collectives_hw_ms']:.2f} ms at "
                      f"{COLLECTIVE_LATENCY_HW_S * 1e6:.0f} us each = {f['floor_hw_ms']:.2f} ms; with the seed's "
                      f"measured latencies {f['collectives_seed_ms']:.1f} ms -> {f['floor_seed_latency_ms']:.1f} ms")
+    if "speculative_estimate" in report:
+        est = report["speculative_estimate"]
+        for key, what in (("floor_hw_ms", "documented latencies"), ("floor_seed_latency_ms", "the seed's latencies")):
+            e = est[key]
+            lines.append(f"speculative step (nextn {est['nextn']}, {est['label']}, {what}): verification + draft "
+                         f"{e['speculative_step']:.2f} ms vs plain {e['plain_step']:.2f} ms: it pays off above "
+                         f"{e['break_even_tokens_per_step']:.2f} tokens per step (at most {1 + est['nextn']})")
     if "decode_step" in report:
         ok = report["decode_step"]["max_collectives_per_layer"] <= 2
         lines.append(f"at most 2 collectives per decoder layer in a decode step: {'yes' if ok else 'NO'}")

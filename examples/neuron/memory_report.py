@@ -15,6 +15,10 @@ floor estimate on trn2:
 
     python examples/neuron/memory_report.py --config examples/configs/v41-flash.json --cp 64 --ep 64 \
         --step [--output out.json] [--attn-tp 8] [--nnodes 1] [--batch 8] [--context 4096] [--prefill-tokens 128]
+        [--nextn 5]
+
+--nextn B adds speculative decoding: the verification step (rows of 1 + B tokens), one DSpark draft
+block, and the tokens per step a speculative step must emit to beat plain decoding at those floors.
 """
 import argparse
 import json
@@ -59,8 +63,12 @@ def main(argv=None) -> dict:
     dry.add_argument("--context", type=int, default=4096, help="context length of the steps")
     dry.add_argument("--prefill-tokens", type=int, default=128, help="prompt chunk tokens")
     dry.add_argument("--kv-cache-mode", default="plain", choices=["plain", "compact"])
+    dry.add_argument("--nextn", type=int, default=0,
+                     help="with --step: drafts per row; also runs the verification step and the draft block")
     dry.add_argument("--output", help="write the dry run's JSON here (--json works too)")
     args = ap.parse_args(argv)
+    if args.nextn < 0 or (args.nextn and not args.step):
+        ap.error("--nextn: a count >= 0, and only with --step")
     cfg = load_config(args.config)
     if args.cp is not None or args.ep is not None or args.step:
         if args.platform or args.post_load or args.weight_format != "packed" or args.dense_checkpoint:
@@ -91,7 +99,8 @@ def _dry_run(args, cfg) -> dict:
               **dry_run(cfg, cp=args.cp or 1, ep=args.ep or 1, attn_tp=args.attn_tp, nnodes=args.nnodes,
                         steps=args.step, batch=args.batch, context=args.context,
                         prefill_tokens=args.prefill_tokens, dtype=getattr(torch, args.dtype),
-                        kv_cache_mode=args.kv_cache_mode, log=lambda m: print(m, file=sys.stderr))}
+                        kv_cache_mode=args.kv_cache_mode, nextn=args.nextn,
+                        log=lambda m: print(m, file=sys.stderr))}
     print(format_dry_run(report))
     out = args.output or args.json
     if out:
