@@ -190,11 +190,14 @@ def test_dry_run_refuses_a_layout_the_model_cannot_take():
 def test_v41_flash_at_cp64_ep64(tmp_path):
     """The issue's run: weights <= 17 GiB a rank, at most 2 collectives a decoder layer in a decode step."""
     cfg = ModelConfig.from_dict(json.loads(V41_FLASH.read_text()))
-    report = dr.dry_run(cfg, cp=64, ep=64)
+    report = dr.dry_run(cfg, cp=64, ep=64, nextn=5)
     _check_ranks(cfg, report, 64, 64, 8)
     assert max(r["weights_bytes"] for r in report["ranks"]) <= 17 * GIB
     _check_layers(cfg, report["decode_step"], 8, 64, 64, 8)
     assert report["decode_step"]["max_collectives_per_layer"] <= 2
+    assert report["verify_step"]["max_collectives_per_layer"] <= 2 and report["verify_step"]["tokens"] == 48
+    assert len(report["draft_block"]["collectives"]) == 2 * cfg.num_nextn_predict_layers
+    assert 1 < report["speculative_estimate"]["floor_hw_ms"]["break_even_tokens_per_step"] < 6
 
 
 def test_speculative_steps_at_cp2_ep2():
