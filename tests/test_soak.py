@@ -1,4 +1,4 @@
-"""examples/soak.py for 30 s against a real tiny server: mixed traffic, disconnects and malformed
+"""examples/soak.py for 12 s against a real tiny server: mixed traffic, disconnects and malformed
 requests leave no failed request and no KV block in use, and the report has every figure."""
 import importlib.util
 import json
@@ -20,13 +20,13 @@ def _soak_module():
     return module
 
 
-def test_soak_30_s_leaves_no_failures_and_no_kv_blocks(model_dir, tmp_path):
+def test_soak_leaves_no_failures_and_no_kv_blocks(model_dir, tmp_path):
     soak = _soak_module()
     srv = ServerProcess(model_dir)
     try:
         srv.wait_ready()
         out = tmp_path / "soak.json"
-        rc = soak.main(["--base-url", srv.base, "--duration", "30", "--concurrency", "8",
+        rc = soak.main(["--base-url", srv.base, "--duration", "12", "--concurrency", "8",
                         "--api-key", API_KEY, "--json", str(out), "--seed", "1"])
         report = json.loads(out.read_text())
     finally:
