@@ -1,0 +1,164 @@
+"""Speculative decoding for requests with logprobs and with a grammar (worker/spec_decode.py), end to end on
+the tiny V4.1 checkpoint.
+
+Logprobs rows draft, and every emitted token carries the entries the plain sampler gives there: greedy
+rows match a run without drafts token for token and entry for entry; sampled rows (whose tokens differ
+from a run without drafts) match the prompt-logprob scores of their own output. Grammar rows draft under
+the grammar's per-depth masks: greedy rows give the text of a run without drafts, sampled rows stay
+reproducible across batches and preemption, all outputs are valid, and after every step each matcher is
+exactly the one that replaying the sequence's outputs gives (nothing of a rejected draft leaks)."""
+import json
+import pytest
+import torch
+
+from deepinfer import SamplingParams
+from deepinfer.config import ModelConfig
+from deepinfer.sampling_params import GREEDY_TEMPERATURE, StructuredOutputsParams
+from deepinfer.worker.worker import build_model
+from test_spec_decode import _llm, _oracle, _prompts, _tokens
+
+SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "ok": {"type": "boolean"}},
+          "required": ["answer", "ok"], "additionalProperties": False}
+JSON = StructuredOutputsParams(json=SCHEMA)
+REGEX = StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,4}")
+
+
+@pytest.fixture(scope="module")
+def v41(tiny_v41_dir):
+    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
+    return tiny_v41_dir, cfg, build_model(cfg, str(tiny_v41_dir), torch.float32, progress=False)
+
+
+def _same_entries(got, want, temperature: float, deep_rank: int = 2) -> None:
+    """Two outputs' logprob lists agree: the same ids per position, logprobs within float noise, and the
+    same ranks except deep in the distribution (a batch of another shape moves the last bits).
+
+    Logprobs are of the processed distribution, (logit - logsumexp) / T, so logit noise grows by 1 / T:
+    greedy rows (T = 1e-5) are compared in logit units."""
+    t_eff = max(temperature, GREEDY_TEMPERATURE)
+    assert len(got) == len(want)
+    for pos, (g, w) in enumerate(zip(got, want)):
+        assert sorted(g) == sorted(w), pos
+        for t in w:
+            assert abs(g[t].logprob - w[t].logprob) * t_eff < 1e-4, (pos, t, g[t], w[t])
+            assert g[t].rank == w[t].rank or w[t].rank > deep_rank, (pos, t, g[t], w[t])
+
+
+def test_greedy_logprobs_rows_draft_and_report_the_plain_entries(v41, monkeypatch):
+    prompts = _prompts((5, 19, 33), seed=2)
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)]
+    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
+    real = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    runs = [real.generate(prompts, params, use_tqdm=False)]
+    _oracle(monkeypatch, prompts, _tokens(ref))
+    oracle = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    runs.append(oracle.generate(prompts, params, use_tqdm=False))
+    for outs in runs:
+        assert _tokens(outs) == _tokens(ref)
+        for o, r in zip(outs, ref):
+            assert (o.outputs[0].logprobs is None) == (r.outputs[0].logprobs is None)
+            if r.outputs[0].logprobs is not None:
+                _same_entries(o.outputs[0].logprobs, r.outputs[0].logprobs, 0.0)
+        assert all(o.metrics.num_draft_tokens > 0 for o in outs)
+    assert runs[1][0].metrics.num_accepted_tokens > 0 and runs[1][2].metrics.num_accepted_tokens > 0
+    assert [len(e) for e in runs[1][0].outputs[0].logprobs] == [3] * 12  # the top 3 (the greedy token is first)
+
+
+def test_sampled_logprobs_rows_report_the_entries_of_their_own_tokens(v41, monkeypatch):
+    """At T = 1 without filters the processed distribution is the raw one, so each emitted token's entry
+    (accepted draft, residual draw or bonus) must equal the prompt-logprob score of that output token."""
+    prompts = _prompts((7, 21), seed=3)
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    _oracle(monkeypatch, prompts, _tokens(_llm(v41, max_model_len=96).generate(prompts, greedy, use_tqdm=False)),
+            corrupt=0.2)
+    params = [SamplingParams(temperature=1.0, seed=11 + i, max_tokens=10, ignore_eos=True, logprobs=2)
+              for i in range(2)]
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+    monkeypatch.undo()
+    plain = _llm(v41, max_model_len=96, max_num_seqs=4)
+    for p, o in zip(prompts, outs):
+        ids = list(p["prompt_token_ids"])
+        scored = plain.generate([{"prompt_token_ids": ids + list(o.outputs[0].token_ids)}],
+                                SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2), use_tqdm=False)
+        _same_entries(o.outputs[0].logprobs, scored[0].prompt_logprobs[len(ids):], 1.0)
+
+
+def _check_matchers(eng) -> int:
+    """Every live grammar sequence's matcher is the one replaying its outputs gives; returns how many."""
+    checked = 0
+    for seq in list(eng.scheduler.running) + list(eng.scheduler.waiting):
+        if seq.grammar is None:
+            continue
+        fresh = eng._grammar_compiler.new_state(eng._grammar_compiler.compile(seq.sampling_params.structured_outputs))
+        fresh.rebuild(seq.output_token_ids)
+        live = seq.grammar.bitmask.clone()
+        seq.grammar.matcher.fill_next_token_bitmask(live.unsqueeze(0))
+        assert torch.equal(live, fresh.bitmask) and torch.equal(seq.grammar.bitmask, fresh.bitmask), seq.seq_id
+        assert seq.grammar.matcher.is_terminated() == fresh.matcher.is_terminated()
+        checked += 1
+    return checked
+
+
+def _generate_checking(llm, prompts, params):
+    """llm.generate, checking every grammar matcher after each step; outputs in request order."""
+    eng = llm.llm_engine
+    for i, (p, q) in enumerate(zip(prompts, params)):
+        eng.add_request(str(i), p, q)
+    done, checks = {}, 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+        checks += _check_matchers(eng)
+    assert checks > 0
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def _valid(so: StructuredOutputsParams, text: str) -> bool:
+    if so is JSON:
+        value = json.loads(text)
+        return set(value) == {"answer", "ok"} and value["answer"] in ("yes", "no")
+    head, _, tail = text.partition("-")
+    return len(head) == 3 and head.isdigit() and 2 <= len(tail) <= 4 and tail.isalpha()
+
+
+GRAMMAR_PARAMS = [
+    SamplingParams(temperature=0.0, max_tokens=30, structured_outputs=JSON),
+    SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),                  # a plain row
+    SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=REGEX, logprobs=1),
+    SamplingParams(temperature=0.9, seed=4, max_tokens=30, structured_outputs=JSON, min_tokens=3),
+]
+
+
+def test_grammar_rows_draft_and_keep_the_text_and_the_matcher(v41, monkeypatch):
+    """A mixed batch (greedy and sampled grammar rows, a plain row, a grammar row with logprobs) with the
+    checkpoint's drafts, with oracle drafts (right or grammar-breaking), and with preemption."""
+    prompts = _prompts((6, 17, 29, 12), seed=5)
+    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, GRAMMAR_PARAMS, use_tqdm=False)
+    greedy_rows = [0, 1, 2]
+    runs = {"real": _generate_checking(_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3),
+                                       prompts, GRAMMAR_PARAMS)}
+    _oracle(monkeypatch, prompts, _tokens(ref))
+    for name, kw in (("oracle", {}), ("oracle, preempted", dict(num_kv_blocks=7, block_size=16))):
+        llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, **kw)
+        runs[name] = _generate_checking(llm, prompts, GRAMMAR_PARAMS)
+        st = llm.llm_engine.stats()
+        assert st.num_used_blocks == 0 and st.num_used_state_slots == 0
+        if "num_kv_blocks" in kw:
+            assert st.num_preemptions > 0
+    for name, outs in runs.items():
+        got = _tokens(outs)
+        assert [got[i] for i in greedy_rows] == [_tokens(ref)[i] for i in greedy_rows], name
+        assert [outs[i].outputs[0].text for i in greedy_rows] == [ref[i].outputs[0].text for i in greedy_rows]
+        for i in (0, 2, 3):
+            assert _valid(GRAMMAR_PARAMS[i].structured_outputs, outs[i].outputs[0].text), (name, outs[i].outputs[0].text)
+            assert outs[i].metrics.num_draft_tokens > 0, (name, i)
+        _same_entries(outs[2].outputs[0].logprobs, ref[2].outputs[0].logprobs, 0.0)
+    # The sampled grammar row draws the same tokens when preemption recomputes it.
+    assert _tokens(runs["oracle, preempted"])[3] == _tokens(runs["oracle"])[3]
+    # Oracle drafts are right most of the time: grammar rows accept runs of them.
+    assert runs["oracle"][0].metrics.num_accepted_tokens > 0 and runs["oracle"][2].metrics.num_accepted_tokens > 0
