@@ -4,9 +4,9 @@ the tiny V4.1 checkpoint.
 Logprobs rows draft, and every emitted token carries the entries the plain sampler gives there: greedy
 rows match a run without drafts token for token and entry for entry; sampled rows (whose tokens differ
 from a run without drafts) match the prompt-logprob scores of their own output. Grammar rows draft under
-the grammar's per-depth masks: greedy rows give the text of a run without drafts, sampled rows stay
-reproducible across batches and preemption, all outputs are valid, and after every step each matcher is
-exactly the one that replaying the sequence's outputs gives (nothing of a rejected draft leaks)."""
+the grammar's per-depth masks: greedy rows give the text of a run without drafts, all outputs are valid, also
+across preemption, and after every step each matcher is exactly the one that replaying the sequence's
+outputs gives (nothing of a rejected draft leaks)."""
 import json
 import pytest
 import torch
@@ -136,20 +136,17 @@ GRAMMAR_PARAMS = [
 
 def test_grammar_rows_draft_and_keep_the_text_and_the_matcher(v41, monkeypatch):
     """A mixed batch (greedy and sampled grammar rows, a plain row, a grammar row with logprobs) with the
-    checkpoint's drafts, with oracle drafts (right or grammar-breaking), and with preemption."""
+    checkpoint's drafts, then with oracle drafts (right, or breaking the grammar) in a pool that preempts."""
     prompts = _prompts((6, 17, 29, 12), seed=5)
     ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, GRAMMAR_PARAMS, use_tqdm=False)
     greedy_rows = [0, 1, 2]
     runs = {"real": _generate_checking(_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3),
                                        prompts, GRAMMAR_PARAMS)}
     _oracle(monkeypatch, prompts, _tokens(ref))
-    for name, kw in (("oracle", {}), ("oracle, preempted", dict(num_kv_blocks=7, block_size=16))):
-        llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, **kw)
-        runs[name] = _generate_checking(llm, prompts, GRAMMAR_PARAMS)
-        st = llm.llm_engine.stats()
-        assert st.num_used_blocks == 0 and st.num_used_state_slots == 0
-        if "num_kv_blocks" in kw:
-            assert st.num_preemptions > 0
+    tight = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, num_kv_blocks=7, block_size=16)
+    runs["oracle, preempted"] = _generate_checking(tight, prompts, GRAMMAR_PARAMS)
+    st = tight.llm_engine.stats()
+    assert st.num_preemptions > 0 and st.num_used_blocks == 0 and st.num_used_state_slots == 0
     for name, outs in runs.items():
         got = _tokens(outs)
         assert [got[i] for i in greedy_rows] == [_tokens(ref)[i] for i in greedy_rows], name
@@ -158,7 +155,8 @@ def test_grammar_rows_draft_and_keep_the_text_and_the_matcher(v41, monkeypatch):
             assert _valid(GRAMMAR_PARAMS[i].structured_outputs, outs[i].outputs[0].text), (name, outs[i].outputs[0].text)
             assert outs[i].metrics.num_draft_tokens > 0, (name, i)
         _same_entries(outs[2].outputs[0].logprobs, ref[2].outputs[0].logprobs, 0.0)
-    # The sampled grammar row draws the same tokens when preemption recomputes it.
-    assert _tokens(runs["oracle, preempted"])[3] == _tokens(runs["oracle"])[3]
+    # The checkpoint's drafts are random, but drafted under the grammar's masks they hit its forced tokens.
+    assert runs["real"][0].metrics.num_accepted_tokens > 0 and runs["real"][3].metrics.num_accepted_tokens > 0
     # Oracle drafts are right most of the time: grammar rows accept runs of them.
-    assert runs["oracle"][0].metrics.num_accepted_tokens > 0 and runs["oracle"][2].metrics.num_accepted_tokens > 0
+    oracle = runs["oracle, preempted"]
+    assert oracle[0].metrics.num_accepted_tokens > 0 and oracle[2].metrics.num_accepted_tokens > 0
