@@ -160,3 +160,36 @@ def test_grammar_rows_draft_and_keep_the_text_and_the_matcher(v41, monkeypatch):
     # Oracle drafts are right most of the time: grammar rows accept runs of them.
     oracle = runs["oracle, preempted"]
     assert oracle[0].metrics.num_accepted_tokens > 0 and oracle[2].metrics.num_accepted_tokens > 0
+
+
+def test_masks_along_walks_the_matcher_ahead_and_puts_it_back(tiny_v41_dir):
+    from transformers import AutoTokenizer
+
+    from deepinfer.structured_output import GrammarCompiler
+    tok = AutoTokenizer.from_pretrained(str(tiny_v41_dir))
+    compiler = GrammarCompiler(tok, 129280, [1])
+    state = compiler.new_state(compiler.compile(StructuredOutputsParams(regex=r"[0-9]{3}-?[a-z]{0,2}")))
+    digits, letters = tok.encode("123", add_special_tokens=False), tok.encode("-ab", add_special_tokens=False)
+    path = digits + letters + [1]
+    before = state.bitmask.clone()
+
+    def allowed(mask, t):
+        return bool((int(mask[t // 32]) >> (t % 32)) & 1)
+
+    masks = state.masks_along(path, lambda j: ())
+    assert len(masks) == len(path) + 1 and masks[-1] is None  # nothing follows EOS: the grammar is complete
+    assert torch.equal(masks[0], before)
+    assert all(allowed(masks[j], t) for j, t in enumerate(path))
+    later = state.masks_along(path, lambda j: (), first=2)  # only the masks from depth 2 on
+    assert len(later) == len(path) - 1 and later[-1] is None
+    assert all(torch.equal(a, b) for a, b in zip(later[:-1], masks[2:-1]))
+    # A token the grammar rejects ends the path: the depths after it get no mask.
+    bad = state.masks_along(letters + digits, lambda j: ())
+    assert bad[0] is not None and all(m is None for m in bad[1:])
+    # Only EOS may follow "123-ab", and it is banned there (min_tokens): a dead end, no mask.
+    dead = state.masks_along(path[:-1], lambda j: (1,) if j == len(path) - 1 else ())
+    assert dead[-1] is None and all(m is not None for m in dead[:-1])
+    # The matcher is where it was: same mask, and it still accepts the path from the start.
+    state.matcher.fill_next_token_bitmask(state.bitmask.unsqueeze(0))
+    assert torch.equal(state.bitmask, before) and not state.matcher.is_terminated()
+    assert all(state.advance(t) is None for t in path[:-1]) and state.advance(1) == "grammar_complete"
