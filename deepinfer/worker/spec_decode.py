@@ -185,13 +185,14 @@ class SpecDecoder:
         extra = [[t[0] for t in results[i].tokens] for i, _, _ in rows]
         limit = [n for _, n, _ in rows]  # a grammar row drafts no further than its path goes
         for k in range(b):
-            masks = []
+            masks = [None] * r  # the grammar's mask after this step's tokens and the drafts so far
             for c, (x, e) in enumerate(zip(seqs, extra)):
+                if x.grammar is None or k >= limit[c]:
+                    continue
                 path = e + [int(t[c]) for t in toks]
-                mask = _grammar_masks(x, self.eos_ids, path, len(path), 1)[0] if k < limit[c] else None
-                if x.grammar is not None and mask is None:
-                    limit[c] = min(limit[c], k)
-                masks.append(mask)
+                masks[c] = _grammar_masks(x, self.eos_ids, path, len(path), 1)[0]
+                if masks[c] is None:
+                    limit[c] = k
             pe = dspark_draft.markov_embed(self.model, prev)
             lg = base[:, k] + dspark_draft.markov_logits(self.model, pe)
             confs.append(dspark_draft.confidence(self.model, hidden[:, k], pe))
