@@ -7,6 +7,7 @@ from a run without drafts) match the prompt-logprob scores of their own output. 
 the grammar's per-depth masks: greedy rows give the text of a run without drafts, all outputs are valid, also
 across preemption, and after every step each matcher is exactly the one that replaying the sequence's
 outputs gives (nothing of a rejected draft leaks)."""
+import copy
 import json
 import pytest
 import torch
@@ -193,3 +194,39 @@ def test_masks_along_walks_the_matcher_ahead_and_puts_it_back(tiny_v41_dir):
     state.matcher.fill_next_token_bitmask(state.bitmask.unsqueeze(0))
     assert torch.equal(state.bitmask, before) and not state.matcher.is_terminated()
     assert all(state.advance(t) is None for t in path[:-1]) and state.advance(1) == "grammar_complete"
+
+
+def test_verify_reports_logprob_entries_and_applies_each_depths_mask():
+    """spec_verify.verify on its own: with logprobs asked, each emitted token's logprob, rank and top-k are
+    those of the processed distribution of its depth; with a bitmask per depth (a grammar's masks along
+    the drafts) no token outside that depth's mask is accepted or emitted."""
+    from test_spec_verify import mixed_case
+
+    from deepinfer.model_executor.layers.sampler import Sampler
+    from deepinfer.model_executor.layers.spec_verify import VerifyBatch, verify
+    params, logits, drafts, draft_lp = mixed_case(r=30, b=3, vocab=40, seed=6)
+    params = [copy.copy(p) for p in params]
+    for i, p in enumerate(params):
+        p.logprobs = 3 if i % 2 else None  # the batch's top-k is the widest request's
+    r, b = drafts.shape
+    g = torch.Generator().manual_seed(7)
+    allowed = torch.rand(r * (b + 1), 40, generator=g) < 0.5
+    allowed[:, 0] = True  # never empty
+    bits = (allowed.to(torch.int64) << torch.arange(40) % 32)
+    words = torch.stack([bits[:, :32].sum(1), bits[:, 32:].sum(1)], 1)
+    masks = list(((words + 2 ** 31) % 2 ** 32 - 2 ** 31).to(torch.int32))  # as signed int32 words
+    seeds, positions = [50 + i for i in range(r)], [4 + i % 3 for i in range(r)]
+    batch = VerifyBatch.build(params, positions, b, seeds=seeds, bitmask_per_row=masks)
+    out = verify(logits, drafts, draft_lp, batch)
+    lp = Sampler().processed_logprobs(logits.reshape(r * (b + 1), -1), batch.sampling).reshape(r, b + 1, -1)
+    assert out.top_ids.shape == (r, b + 1, 3)
+    for i in range(r):
+        for j in range(int(out.num_accepted[i]) + 1):
+            t = int(out.token_ids[i, j])
+            assert allowed[i * (b + 1) + j, t], (i, j, t)
+            assert torch.isclose(out.logprobs[i, j], lp[i, j, t])
+            assert int(out.token_ranks[i, j]) == 1 + int((lp[i, j] > lp[i, j, t]).sum())
+            top = torch.topk(lp[i, j], 3)
+            assert out.top_ids[i, j].tolist() == top.indices.tolist()
+            assert torch.allclose(out.top_logprobs[i, j], top.values)
+    assert int(out.num_accepted.sum()) > 0  # some drafts inside the masks were accepted
