@@ -6,9 +6,11 @@ rows match a run without drafts token for token and entry for entry; sampled row
 from a run without drafts) match the prompt-logprob scores of their own output. Grammar rows draft under
 the grammar's per-depth masks: greedy rows give the text of a run without drafts, all outputs are valid, also
 across preemption, and after every step each matcher is exactly the one that replaying the sequence's
-outputs gives (nothing of a rejected draft leaks)."""
+outputs gives (nothing of a rejected draft leaks). Below the engine: GrammarState.masks_along, and
+spec_verify.verify's per-depth masks and logprob entries."""
 import copy
 import json
+
 import pytest
 import torch
 
@@ -94,7 +96,8 @@ def _check_matchers(eng) -> int:
     for seq in list(eng.scheduler.running) + list(eng.scheduler.waiting):
         if seq.grammar is None:
             continue
-        fresh = eng._grammar_compiler.new_state(eng._grammar_compiler.compile(seq.sampling_params.structured_outputs))
+        compiler = eng._grammar_compiler
+        fresh = compiler.new_state(compiler.compile(seq.sampling_params.structured_outputs))
         fresh.rebuild(seq.output_token_ids)
         live = seq.grammar.bitmask.clone()
         seq.grammar.matcher.fill_next_token_bitmask(live.unsqueeze(0))
@@ -153,7 +156,8 @@ def test_grammar_rows_draft_and_keep_the_text_and_the_matcher(v41, monkeypatch):
         assert [got[i] for i in greedy_rows] == [_tokens(ref)[i] for i in greedy_rows], name
         assert [outs[i].outputs[0].text for i in greedy_rows] == [ref[i].outputs[0].text for i in greedy_rows]
         for i in (0, 2, 3):
-            assert _valid(GRAMMAR_PARAMS[i].structured_outputs, outs[i].outputs[0].text), (name, outs[i].outputs[0].text)
+            text = outs[i].outputs[0].text
+            assert _valid(GRAMMAR_PARAMS[i].structured_outputs, text), (name, text)
             assert outs[i].metrics.num_draft_tokens > 0, (name, i)
         _same_entries(outs[2].outputs[0].logprobs, ref[2].outputs[0].logprobs, 0.0)
     # The checkpoint's drafts are random, but drafted under the grammar's masks they hit its forced tokens.

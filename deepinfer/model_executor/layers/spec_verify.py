@@ -248,7 +248,8 @@ def verify(
         out.logprobs = lo.logprobs.reshape(r, depth).masked_fill(token_ids < 0, float("-inf"))
         out.token_ranks = lo.token_ranks.reshape(r, depth)
         if lo.top_ids is not None:
-            out.top_ids, out.top_logprobs = lo.top_ids.reshape(r, depth, -1), lo.top_logprobs.reshape(r, depth, -1)
+            out.top_ids = lo.top_ids.reshape(r, depth, -1)
+            out.top_logprobs = lo.top_logprobs.reshape(r, depth, -1)
     return out
 
 
