@@ -12,6 +12,10 @@ logits_penalties.py); after a token is appended, stop_rules.py advances the matc
 recomputes the bitmask. The state lives on the sequence, so preemption by recompute keeps it:
 the recomputed sequence resumes at the same output position with the same matcher.
 
+Speculative decoding (worker/spec_decode.py) needs the masks a few tokens ahead, along tokens that
+are not committed: `GrammarState.masks_along` walks the matcher along them, fills a mask after each,
+and rolls the matcher back to where it was, so only the scheduler's appends ever move it.
+
 xgrammar is imported only when a request asks for structured output.
 """
 
@@ -92,13 +96,35 @@ class GrammarState:
     def refresh(self, banned_ids) -> bool:
         """Compute the next bitmask; False when no token outside `banned_ids` is allowed."""
         self.matcher.fill_next_token_bitmask(self.bitmask.unsqueeze(0))
-        words = self.bitmask.tolist()
-        for t in banned_ids:
-            t = int(t)
-            if 0 <= t < self.vocab_size:
-                # Python ints: mask to the word's 32 bits so a set sign bit cannot linger.
-                words[t // 32] = (words[t // 32] & 0xFFFFFFFF) & ~(1 << (t % 32))
-        return any(words)
+        return _allows_any(self.bitmask, banned_ids, self.vocab_size)
+
+    def masks_along(self, token_ids, banned_ids_at, first: int = 0) -> list:
+        """The bitmask of the next token after each prefix token_ids[:j], j = first .. len(token_ids)
+        (a lookahead: the matcher accepts the tokens, then rolls back; its state is unchanged).
+
+        An entry is None where that prefix cannot go on: a token of it the grammar rejects, the grammar
+        complete after it, or no token outside banned_ids_at(j) allowed (stop_rules would finish the
+        sequence there, as `refresh` reports), and so is every later one."""
+        import xgrammar as xgr
+
+        masks, accepted = [], 0
+        try:
+            for j in range(len(token_ids) + 1):
+                if j >= first:
+                    mask = xgr.allocate_token_bitmask(1, self.vocab_size)[0]
+                    self.matcher.fill_next_token_bitmask(mask.unsqueeze(0))
+                    if not _allows_any(mask, banned_ids_at(j), self.vocab_size):
+                        break
+                    masks.append(mask)
+                if j == len(token_ids) or not self.matcher.accept_token(int(token_ids[j])):
+                    break
+                accepted += 1
+                if self.matcher.is_terminated():
+                    break
+        finally:
+            if accepted:
+                self.matcher.rollback(accepted)
+        return masks + [None] * (len(token_ids) + 1 - max(first, 0) - len(masks))
 
     def rebuild(self, output_token_ids) -> None:
         """Reset the matcher and replay `output_token_ids` (for a sequence that lost its state)."""
@@ -106,3 +132,14 @@ class GrammarState:
         for t in output_token_ids:
             self.matcher.accept_token(int(t))
         self.refresh(())
+
+
+def _allows_any(bitmask, banned_ids, vocab_size: int) -> bool:
+    """Some token outside `banned_ids` is set in `bitmask` (int32 words)."""
+    words = bitmask.tolist()
+    for t in banned_ids:
+        t = int(t)
+        if 0 <= t < vocab_size:
+            # Python ints: mask to the word's 32 bits so a set sign bit cannot linger.
+            words[t // 32] = (words[t // 32] & 0xFFFFFFFF) & ~(1 << (t % 32))
+    return any(words)

@@ -155,17 +155,26 @@ def test_speculation_needs_v41_draft_layers(tiny_v4_dir):
 
 
 def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, monkeypatch):
-    """A request asking for logprobs drafts nothing and samples as before, next to drafting rows."""
+    """A prompt's last chunk samples with the plain sampler (logprobs included) in a step where another
+    row verifies drafts; a request with max_tokens=1 never drafts (its next step could emit nothing)."""
     prompts, want = plain
     _oracle(monkeypatch, prompts, want)
-    params = [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=14, ignore_eos=True, logprobs=2)]
-    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts[:2], params, use_tqdm=False)
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
-    outs = llm.generate(prompts[:2], params, use_tqdm=False)
+    prompts = [prompts[0], prompts[3]]  # 3 and 40 tokens: the long prompt is chunked while the short one decodes
+    params = [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=1, logprobs=2)]
+    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
+    mixed, execute = [], spec_decode.SpecDecoder.execute
+
+    def recording(self, worker, scheduled, chunks, scores):
+        mixed.append(any(s.draft_ids for s in scheduled) and any(s.do_sample and not s.draft_ids for s in scheduled))
+        return execute(self, worker, scheduled, chunks, scores)
+    monkeypatch.setattr(spec_decode.SpecDecoder, "execute", recording)
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=12, num_speculative_tokens=3)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     assert _tokens(outs) == _tokens(ref) and _tokens(outs)[0] == want[0]
     assert outs[0].metrics.num_accepted_tokens > 0 and outs[1].metrics.num_draft_tokens == 0
+    assert any(mixed)  # a step both verified drafts and sampled a row without any
     got, exp = outs[1].outputs[0].logprobs, ref[1].outputs[0].logprobs
-    assert len(got) == 14 and [sorted(e) for e in got] == [sorted(e) for e in exp]
+    assert len(got) == 1 and [sorted(e) for e in got] == [sorted(e) for e in exp]
     for g, e in zip(got, exp):
         for t in e:
             # the step's batch differs (verification rows beside it): last-bit noise may move the rank

@@ -13,9 +13,17 @@ A step, for the scheduled rows (engine/scheduler.py):
    previous draft) with the request's own sampling parameters on the "mtp" stream (seed +
    MTP_SEED_OFFSET, position of the drafted token).
 
-Which sequences draft: those without a grammar and without logprobs (verification returns neither
-per-depth grammar masks nor top-N lists); they decode one token a step as before. A row drafts at
-most what its next step could emit within max_tokens and max_model_len.
+Which sequences draft: every sampling row, at most what its next step could emit within max_tokens
+and max_model_len.
+- A grammar row (structured_output.py) samples draft k under the grammar's mask after this step's
+  emitted tokens and drafts d_0 .. d_{k-1}; verification judges depth j under the mask after
+  d_0 .. d_{j-1}. Both come from GrammarState.masks_along, which walks the sequence's matcher along
+  those uncommitted tokens and rolls it back, so the matcher moves only when the scheduler appends
+  the emitted tokens (stop_rules.py), exactly as without drafts. Drafting stops where the path ends:
+  after a token that completes the grammar, or before a depth where nothing may follow (a dead end).
+- A logprobs row gets, for every emitted token, the logprob, rank and top-N that the plain sampler
+  would report there: verification computes them from the processed target distribution of that
+  depth (spec_verify.VerifyOutput, sampler.logprob_output).
 """
 from __future__ import annotations
 
@@ -50,11 +58,6 @@ class SpecRow:
 @dataclass
 class SpecStepOutput:
     rows: list[SpecRow] = field(default_factory=list)  # one per do_sample ScheduledSeq, in order
-
-
-def can_draft(seq) -> bool:
-    """Sequences whose rows verification serves (module docstring)."""
-    return seq.grammar is None and getattr(seq.sampling_params, "logprobs", None) is None
 
 
 def bans_at(seq, eos_ids, ahead: int) -> tuple[int, ...]:
@@ -112,7 +115,7 @@ class SpecDecoder:
         target = torch.empty(len(spec), bmax + 1, vocab, dtype=logits.dtype, device=logits.device)
         drafts = torch.full((len(spec), bmax), -1, dtype=torch.long)
         q = None
-        bans, outs = [], []
+        bans, outs, masks = [], [], []
         for r, (i, first) in enumerate(spec):
             s = scheduled[i]
             n = len(s.draft_ids)
@@ -127,16 +130,20 @@ class SpecDecoder:
             for j in range(bmax + 1):
                 bans.append(bans_at(s.seq, self.eos_ids, j))
                 outs.append(s.seq.output_token_ids + list(s.draft_ids[:j]))
+            masks += _grammar_masks(s.seq, self.eos_ids, list(s.draft_ids), 0, bmax + 1)
         batch = VerifyBatch.build([x.sampling_params for x in seqs], [len(x) for x in seqs], bmax,
                                   seeds=[x.seed for x in seqs], banned_ids_per_row=bans,
                                   output_ids_per_row=outs,
                                   prompt_ids_per_row=[x.prompt_token_ids for x in seqs],
-                                  device=logits.device)
+                                  bitmask_per_row=masks, device=logits.device)
         res = verify(target, drafts.to(logits.device), q, batch, self.runner.sampler)
         acc, tokens = res.num_accepted.tolist(), res.token_ids.tolist()
         found = {}
         for r, (i, _) in enumerate(spec):
-            emitted = [(t, None, None, []) for t in tokens[r][:acc[r] + 1]]
+            if res.logprobs is None:
+                emitted = [(t, None, None, []) for t in tokens[r][:acc[r] + 1]]
+            else:
+                emitted = [_row(res, r, j) for j in range(acc[r] + 1)]
             found[i] = SpecRow(emitted, num_drafts=len(scheduled[i].draft_ids), num_accepted=acc[r])
         return found
 
@@ -144,7 +151,7 @@ class SpecDecoder:
         """Propose the next drafts of every sampling row that can use them."""
         rows = []
         for i, s in enumerate(scheduled):
-            if not s.do_sample or not can_draft(s.seq):
+            if not s.do_sample:
                 continue
             seq, emitted = s.seq, len(results[i].tokens)
             new_len = len(seq) + emitted  # length once the scheduler has appended the tokens
@@ -174,7 +181,16 @@ class SpecDecoder:
         sampler = runner.sampler
         # this step's emitted tokens: outputs before the drafts (penalties, min_tokens bans)
         extra = [[t[0] for t in results[i].tokens] for i, _, _ in rows]
+        limit = [n for _, n, _ in rows]  # a grammar row drafts no further than its path goes
         for k in range(b):
+            masks = [None] * r  # the grammar's mask after this step's tokens and the drafts so far
+            for c, (x, e) in enumerate(zip(seqs, extra)):
+                if x.grammar is None or k >= limit[c]:
+                    continue
+                path = e + [int(t[c]) for t in toks]
+                masks[c] = _grammar_masks(x, self.eos_ids, path, len(path), 1)[0]
+                if masks[c] is None:
+                    limit[c] = k
             pe = dspark_draft.markov_embed(self.model, prev)
             lg = base[:, k] + dspark_draft.markov_logits(self.model, pe)
             confs.append(dspark_draft.confidence(self.model, hidden[:, k], pe))
@@ -185,14 +201,18 @@ class SpecDecoder:
                 banned_ids_per_row=[bans_at(x, self.eos_ids, len(e) + k) for x, e in zip(seqs, extra)],
                 output_ids_per_row=[x.output_token_ids + e + [int(t[c]) for t in toks]
                                     for c, (x, e) in enumerate(zip(seqs, extra))],
-                prompt_ids_per_row=[x.prompt_token_ids for x in seqs], need_logprobs=False, device=lg.device)
+                prompt_ids_per_row=[x.prompt_token_ids for x in seqs], bitmask_per_row=masks,
+                need_logprobs=False, device=lg.device)
             drawn = sampler(lg, batch).token_ids
             if sampled_rows:
                 sel = torch.tensor(sampled_rows, dtype=torch.long, device=lg.device)
                 q[:, k] = sampler.processed_logprobs(lg, batch, sel).cpu()
             toks.append(drawn.tolist())
             prev = drawn
-        for c, (i, n, _) in enumerate(rows):
+        for c, (i, _, _) in enumerate(rows):
+            n = limit[c]
+            if n == 0:
+                continue
             lp = None
             if not seqs[c].sampling_params.is_greedy:
                 lp = q[sampled_rows.index(c), :n]
@@ -200,11 +220,22 @@ class SpecDecoder:
                                                 [float(confs[k][c]) for k in range(n)])
 
 
-def _row(sampled, j: int) -> tuple:
-    """(token_id, logprob, rank, top) of row j of a SamplerOutput."""
-    lp = None if sampled.logprobs is None else float(sampled.logprobs[j])
-    rank = None if sampled.token_ranks is None else int(sampled.token_ranks[j])
+def _grammar_masks(seq, eos_ids, path: list[int], first: int, count: int) -> list:
+    """Grammar bitmasks of the outputs `first` .. `first + count - 1` tokens after seq's last one, along
+    the uncommitted tokens `path` (GrammarState.masks_along); None where the path cannot reach, and
+    all None without a grammar."""
+    if seq.grammar is None:
+        return [None] * count
+    masks = seq.grammar.masks_along(path[:first + count - 1], lambda j: bans_at(seq, eos_ids, j), first)
+    return masks + [None] * (count - len(masks))
+
+
+def _row(sampled, *at) -> tuple:
+    """(token_id, logprob, rank, top) at row `at` of a SamplerOutput, or (request, depth) of a
+    spec_verify.VerifyOutput."""
+    lp = None if sampled.logprobs is None else float(sampled.logprobs[at])
+    rank = None if sampled.token_ranks is None else int(sampled.token_ranks[at])
     top = []
     if sampled.top_ids is not None and sampled.top_logprobs is not None:
-        top = list(zip(sampled.top_ids[j].tolist(), sampled.top_logprobs[j].tolist()))
-    return int(sampled.token_ids[j]), lp, rank, top
+        top = list(zip(sampled.top_ids[at].tolist(), sampled.top_logprobs[at].tolist()))
+    return int(sampled.token_ids[at]), lp, rank, top

@@ -211,6 +211,18 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # [N, k] f32
 
 
+def logprob_output(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> SamplerOutput:
+    """token_ids [N] with their logprob, 1-based rank and the top `num_top` entries under the
+    processed logprobs [N, V]; speculative verification reports its tokens the same way."""
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    out = SamplerOutput(token_ids=token_ids, logprobs=chosen.squeeze(1),
+                        token_ranks=torch.count_nonzero(logprobs > chosen, dim=-1) + 1)
+    if num_top > 0:
+        top = torch.topk(logprobs, min(num_top, logprobs.shape[-1]), dim=-1)
+        out.top_ids, out.top_logprobs = top.indices, top.values
+    return out
+
+
 def _on_rows(x: torch.Tensor, values: torch.Tensor, active: torch.Tensor, fn, *extra) -> None:
     """Run fn(x_rows, values_rows, *extra_rows) in place on the rows where `active` holds."""
     sub = active.nonzero().squeeze(1)
@@ -325,12 +337,6 @@ class Sampler:
             token_ids.index_copy_(0, batch.random_rows, drawn)
         if not batch.need_logprobs:
             return SamplerOutput(token_ids=token_ids)
-        chosen = logprobs.gather(1, token_ids.unsqueeze(1))
-        out = SamplerOutput(token_ids=token_ids, logprobs=chosen.squeeze(1),
-                            token_ranks=torch.count_nonzero(logprobs > chosen, dim=-1) + 1)
-        if batch.num_top_logprobs > 0:
-            top = torch.topk(logprobs, min(batch.num_top_logprobs, logprobs.shape[-1]), dim=-1)
-            out.top_ids, out.top_logprobs = top.indices, top.values
-        return out
+        return logprob_output(logprobs, token_ids, batch.num_top_logprobs)
 
     __call__ = forward

@@ -49,7 +49,7 @@ import torch
 
 from deepinfer.model_executor.layers.sample_draw import (
     CASE_RESAMPLE, sample_from_probs, sample_uniforms, verify_uniforms)
-from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch
+from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch, logprob_output
 from deepinfer.sampling_params import SamplingParams
 
 DRAFT_PROB_PENALTY = math.exp(-5e-5)  # DI's alpha in max(p - alpha * q, 0)
@@ -143,6 +143,11 @@ class VerifyOutput:
     num_accepted: torch.Tensor  # [R] int64, drafts accepted (0..B); the request emits this + 1
     token_ids: torch.Tensor  # [R, B + 1] int64: accepted drafts, then the emitted token; NO_TOKEN after
     logprobs: torch.Tensor | None = None  # [R, B + 1] f32 under p (processed), -inf after; when asked
+    # With logprobs: each token's 1-based rank under p and p's top-k (k = the batch's num_top_logprobs),
+    # as the plain sampler reports them (sampler.logprob_output); entries after the emitted token are junk.
+    token_ranks: torch.Tensor | None = None  # [R, B + 1] int64
+    top_ids: torch.Tensor | None = None  # [R, B + 1, k] int64
+    top_logprobs: torch.Tensor | None = None  # [R, B + 1, k] f32
 
     @property
     def num_emitted(self) -> torch.Tensor:
@@ -239,8 +244,12 @@ def verify(
 
     out = VerifyOutput(num_accepted=num_accepted, token_ids=token_ids)
     if logprobs_all is not None:
-        chosen = logprobs_all.reshape(r, depth, vocab).gather(2, token_ids.clamp(min=0).unsqueeze(2))
-        out.logprobs = chosen.squeeze(2).masked_fill(token_ids < 0, float("-inf"))
+        lo = logprob_output(logprobs_all, token_ids.clamp(min=0).reshape(-1), sb.num_top_logprobs)
+        out.logprobs = lo.logprobs.reshape(r, depth).masked_fill(token_ids < 0, float("-inf"))
+        out.token_ranks = lo.token_ranks.reshape(r, depth)
+        if lo.top_ids is not None:
+            out.top_ids = lo.top_ids.reshape(r, depth, -1)
+            out.top_logprobs = lo.top_logprobs.reshape(r, depth, -1)
     return out
 
 
