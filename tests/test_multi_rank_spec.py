@@ -92,3 +92,36 @@ def test_drafts_across_ranks_equal_single_rank(single_rank, monkeypatch, sizes):
         assert max(abs(a - b) for a, b in zip(got[3], want[3])) < 1e-4   # and confidences
     assert (stats.num_draft_tokens, stats.num_accepted_tokens) == (want_stats.num_draft_tokens,
                                                                    want_stats.num_accepted_tokens)
+
+
+def test_follower_killed_in_a_draft_block(tiny_v41_dir, monkeypatch):
+    """ep2: rank 1 dies while the driver is about to run its share of a draft block (after a few
+    steps of speculation): the block's collectives fail, the step raises RankFailure naming rank 1 at
+    once, the requests are aborted with their blocks freed, and no process is left."""
+    import os
+    import signal
+    import time
+
+    from deepinfer.worker.model_runner import ModelRunner
+    from deepinfer.worker.ranks import RankFailure
+    llm = LLM(str(tiny_v41_dir), **ENGINE, num_speculative_tokens=DRAFTS, expert_parallel_size=2)
+    worker = llm.llm_engine.worker
+    pid = worker.ranks.pids[1]
+    real, blocks, killed = ModelRunner.execute_draft, [], []
+
+    def execute_draft(self, prepared):
+        blocks.append(1)
+        if len(blocks) == 3:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+        return real(self, prepared)
+    monkeypatch.setattr(ModelRunner, "execute_draft", execute_draft)
+    try:
+        with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+            llm.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        assert len(blocks) == 3 and time.monotonic() - killed[0] < 10
+        assert not llm.llm_engine.has_unfinished_requests()
+        assert llm.llm_engine.stats().num_used_blocks == 0
+    finally:
+        llm.close()
+    assert not alive(pid)
