@@ -1,0 +1,89 @@
+"""Confidence-scheduled verification (engine/spec_schedule.py, engine/step_time.py): which drafts a
+step verifies for given confidences and step times."""
+import pytest
+
+from deepinfer.engine.spec_schedule import acceptance_estimates, plan_verification
+from deepinfer.engine.step_time import PRIOR_ROW_FRACTION, StepTimes
+
+
+def linear(fixed, per_row):
+    return lambda t: fixed + per_row * t
+
+
+def test_estimates_are_running_products_clamped():
+    assert acceptance_estimates([0.5, 0.5, 2.0, -1.0]) == [0.5, 0.25, 0.25, 0.0]
+    assert acceptance_estimates([]) == []
+
+
+def test_high_confidence_verifies_everything_low_verifies_nothing():
+    cheap = linear(1.0, 0.01)
+    assert plan_verification([[0.99] * 3, [0.95] * 5], cheap, 100) == [3, 5]
+    assert plan_verification([[0.0] * 3, [0.0] * 5], cheap, 100) == [0, 0]
+    # a draft that is expected to pay less than it costs is left out
+    assert plan_verification([[0.001] * 3], linear(1.0, 0.5), 100) == [0]
+
+
+def test_drafts_go_to_the_highest_estimates_as_prefixes():
+    # each row costs 1 + 0.1 a query row: a draft pays when its estimate beats the rate it dilutes
+    confs = [[0.9, 0.9, 0.9], [0.3, 0.9, 0.9], [0.95, 0.1, 0.9]]
+    counts = plan_verification(confs, linear(1.0, 0.1), 100)
+    # estimates: row0 .9 .81 .73, row1 .3 .27 .24, row2 .95 .095 .086
+    assert counts == [3, 0, 1]
+    # a draft after a near-zero one is never taken alone: counts are prefixes of each row's drafts
+    assert plan_verification([[0.0, 1.0, 1.0]], linear(1.0, 0.0), 100) == [0]
+
+
+def test_row_budget_and_draft_counts_are_respected():
+    confs = [[1.0] * 4, [0.9] * 4, [0.8] * 4]
+    free = linear(1.0, 0.0)
+    assert plan_verification(confs, free, 3 + 5) == [4, 1, 0]   # 5 slots: the best estimates first
+    assert plan_verification(confs, free, 3) == [0, 0, 0]       # one row each, nothing left
+    assert plan_verification(confs, free, 2) == [0, 0, 0]       # fewer rows than sequences
+    assert plan_verification(confs, free, 1000) == [4, 4, 4]    # never more than a row holds
+    assert plan_verification([], free, 10) == []
+
+
+def test_equal_rates_keep_the_shorter_step():
+    # time doubles with one more row: a certain draft exactly pays for itself (2 tokens / 2 s = 1 / 1 s)
+    assert plan_verification([[1.0]], lambda t: float(t), 10) == [0]
+
+
+def test_step_time_must_be_positive():
+    with pytest.raises(ValueError, match="positive"):
+        plan_verification([[0.5]], lambda t: 0.0, 10)
+
+
+def test_step_times_measured_cells_and_fitted_slope():
+    st = StepTimes()
+    f = st.for_step(2)
+    assert f(2) == pytest.approx(1.0 + PRIOR_ROW_FRACTION * 2)  # nothing measured: the prior
+    st.record(2, 2, 0.10)
+    st.record(2, 8, 0.40)
+    st.record(4, 4, 0.20)
+    st.record(4, 12, 0.60)
+    assert st.slope() == pytest.approx(0.05)
+    f = st.for_step(2)
+    assert f(2) == pytest.approx(0.10) and f(8) == pytest.approx(0.40)   # measured cells
+    assert f(5) == pytest.approx(0.25)                                   # on the fitted line
+    assert st.for_step(3)(3) == pytest.approx(0.15)  # unseen S: the nearest S (2, before 4), scaled
+    st.record(2, 8, 0.80)                              # moving average, not the last value
+    assert st.cells[(2, 8)] == pytest.approx(0.8 * 0.40 + 0.2 * 0.80)
+    st.record(0, 0, 1.0)
+    st.record(2, 1, 1.0)  # fewer rows than sequences: ignored
+    assert (0, 0) not in st.cells and (2, 1) not in st.cells
+
+
+def test_step_times_never_decrease_within_a_plan():
+    st = StepTimes()
+    st.record(1, 1, 0.10)
+    st.record(1, 3, 0.05)  # a noisy cheap cell
+    f = st.for_step(1)
+    assert [f(t) for t in (1, 2, 3, 4)] == sorted(f(t) for t in (1, 2, 3, 4))
+    assert f(3) >= f(1)
+
+
+def test_prior_slope_scales_with_measured_steps():
+    st = StepTimes()
+    st.record(4, 16, 0.4)  # one cell only: no within-S variation
+    assert st.slope() == pytest.approx(PRIOR_ROW_FRACTION * 0.1)
+    assert st.for_step(4)(4) == pytest.approx(0.4 - PRIOR_ROW_FRACTION * 0.1 * 12)
