@@ -135,3 +135,26 @@ def test_scheduler_verifies_everything_under_all():
     sched = _decoding_scheduler("all", [[0.0] * 3, [0.5] * 3])
     out = sched.schedule()
     assert [s.draft_ids for s in out.scheduled] == [[20, 21, 22]] * 2
+
+
+def test_calibration_learns_rejections_and_recovers_by_decay():
+    from deepinfer.engine.spec_schedule import AcceptanceCalibration, calibrated_estimates
+    cal = AcceptanceCalibration()
+    assert cal.factors == [] and calibrated_estimates([0.5, 0.5], cal.factors) == [0.5, 0.25]
+    for _ in range(50):  # confident drafts, never accepted
+        cal.record(2, 0, [0.8, 0.8])
+        cal.step()
+    low = cal.factors
+    assert len(low) == 2 and all(f < 0.2 for f in low)
+    cheap = linear(1.0, 0.3)  # a query row costs 30 % of a step's fixed part
+    assert plan_verification([[0.8, 0.8]], cheap, 10) == [2]           # raw confidences: worth it
+    assert plan_verification([[0.8, 0.8]], cheap, 10, low) == [0]      # calibrated: not
+    for _ in range(300):  # nothing verified: the evidence fades and drafts get verified again
+        cal.step()
+    assert plan_verification([[0.8, 0.8]], cheap, 10, cal.factors) == [2]
+    for _ in range(20):  # under-confident and accepted: the factor goes above 1
+        cal.record(1, 1, [0.5])
+    assert cal.factors[0] > 1.5
+    # capped at 1, never increasing with depth
+    assert calibrated_estimates([0.5, 0.9], [3.0, 0.1]) == pytest.approx([1.0, 0.045])
+    assert calibrated_estimates([0.5, 0.9], [1.0, 3.0]) == [0.5, 0.5]

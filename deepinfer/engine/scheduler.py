@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from deepinfer.engine.block_manager import BlockManager
-from deepinfer.engine.spec_schedule import plan_verification
+from deepinfer.engine.spec_schedule import AcceptanceCalibration, plan_verification
 from deepinfer.engine.spec_state import confidence_error
 from deepinfer.engine.step_time import StepTimes
 from deepinfer.engine_config import EngineConfig
@@ -85,6 +85,7 @@ class Scheduler:
         self.spec_stats = None  # engine/spec_state.SpecDecodeStats when drafts are verified
         # Decode-only step times, recorded by the engine; they drive speculative_verify="confidence".
         self.step_times = StepTimes()
+        self.calibration = AcceptanceCalibration()  # what verified drafts' estimates were worth
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -212,7 +213,8 @@ class Scheduler:
         others = len(decodes) - len(rows)
         step_time = self.step_times.for_step(len(decodes))
         counts = plan_verification([s.draft_confidences[:len(s.draft_token_ids)] for s in rows],
-                                   lambda t: step_time(t + others), budget - others)
+                                   lambda t: step_time(t + others), budget - others,
+                                   self.calibration.factors)
         return {s.seq_id: k for s, k in zip(rows, counts)}
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
@@ -263,6 +265,7 @@ class Scheduler:
             if item.is_decode:
                 # seq's drafts are still the ones this row held (set_drafts below replaces them)
                 conf_error = confidence_error(len(item.draft_ids), group.num_accepted, seq.draft_confidences)
+                self.calibration.record(len(item.draft_ids), group.num_accepted, seq.draft_confidences)
                 seq.record_decode_step(len(item.draft_ids), group.num_accepted, seq.num_last_emitted, conf_error)
                 if self.spec_stats is not None:
                     self.spec_stats.record(len(item.draft_ids), group.num_accepted, seq.num_last_emitted,
@@ -275,8 +278,10 @@ class Scheduler:
             else:
                 seq.set_drafts(group.proposal)
         rows.check_consumed()
-        if self.spec_stats is not None and any(item.is_decode for item in scheduled):
-            self.spec_stats.record_step()
+        if any(item.is_decode for item in scheduled):
+            self.calibration.step()
+            if self.spec_stats is not None:
+                self.spec_stats.record_step()
         return changed
 
 

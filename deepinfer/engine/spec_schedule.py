@@ -11,6 +11,10 @@ j, so those K drafts are a prefix of every row's drafts (ties go to the shallowe
 takes the T that maximises expected tokens / estimated step time(T) (engine/step_time.py), within a
 row budget (max_num_batched_tokens).
 
+The head's confidences need not be calibrated (on a checkpoint whose drafts are never accepted they
+still predict about one in two), so the plan scales each depth's estimates by how they have fared
+(AcceptanceCalibration: accepted / predicted over recently verified drafts, with a prior).
+
 Greedy rows emit exactly their plain greedy tokens whatever they verify (layers/spec_verify.py).
 Sampled rows stay distributed as the target, but which draws they make depends on how many drafts
 they verify, so a seeded request's tokens then depend on the batch (docs/model.md §6.4).
@@ -29,13 +33,61 @@ def acceptance_estimates(confidences: Sequence[float]) -> list[float]:
     return out
 
 
+def calibrated_estimates(confidences: Sequence[float], factors: Sequence[float] = ()) -> list[float]:
+    """acceptance_estimates scaled by a per-depth factor (AcceptanceCalibration.factors; 1 past its
+    end), capped at 1 and kept non-increasing in depth."""
+    out, prev = [], 1.0
+    for j, e in enumerate(acceptance_estimates(confidences)):
+        f = factors[j] if j < len(factors) else 1.0
+        prev = min(prev, e * f, 1.0)
+        out.append(prev)
+    return out
+
+
+class AcceptanceCalibration:
+    """How far the draft head's estimates are from what verification accepts, per depth.
+
+    factor_j = (accepted_j + PRIOR) / (predicted_j + PRIOR): accepted_j counts verified drafts at
+    depth j that were accepted, predicted_j sums their estimates e_j. Both decay by DECAY every
+    engine step, so the factor follows the current workload; and when a factor near 0 has stopped
+    every verification at a depth, the decay brings it back towards 1 until a few drafts are verified
+    again and measured (the plan's own exploration).
+    """
+    PRIOR = 4.0
+    DECAY = 0.98
+
+    def __init__(self):
+        self.accepted: list[float] = []
+        self.predicted: list[float] = []
+
+    def record(self, num_drafts: int, num_accepted: int, confidences: Sequence[float]) -> None:
+        if num_drafts <= 0 or len(confidences) < num_drafts:
+            return
+        grow = num_drafts - len(self.accepted)
+        if grow > 0:
+            self.accepted += [0.0] * grow
+            self.predicted += [0.0] * grow
+        for j, e in enumerate(acceptance_estimates(confidences[:num_drafts])):
+            self.predicted[j] += e
+            self.accepted[j] += float(j < num_accepted)
+
+    def step(self) -> None:
+        self.accepted = [a * self.DECAY for a in self.accepted]
+        self.predicted = [p * self.DECAY for p in self.predicted]
+
+    @property
+    def factors(self) -> list[float]:
+        return [(a + self.PRIOR) / (p + self.PRIOR) for a, p in zip(self.accepted, self.predicted)]
+
+
 def plan_verification(confidences: Sequence[Sequence[float]], step_time: Callable[[int], float],
-                      max_rows: int) -> list[int]:
+                      max_rows: int, factors: Sequence[float] = ()) -> list[int]:
     """Drafts each row verifies (0 .. len(its confidences)), in row order.
 
     confidences[r]: row r's draft confidences, one per draft it holds. step_time(T): the estimated
     time of a step feeding T query rows (T = rows + verified drafts); it must be positive.
     max_rows: the most query rows the step may feed; with fewer than one per row nothing is verified.
+    factors: per-depth calibration of the estimates (calibrated_estimates); none by default.
     """
     num_rows = len(confidences)
     counts = [0] * num_rows
@@ -43,7 +95,7 @@ def plan_verification(confidences: Sequence[Sequence[float]], step_time: Callabl
         return counts
     pool = []  # (estimate, depth, row)
     for r, conf in enumerate(confidences):
-        pool += [(e, j, r) for j, e in enumerate(acceptance_estimates(conf))]
+        pool += [(e, j, r) for j, e in enumerate(calibrated_estimates(conf, factors))]
     pool.sort(key=lambda x: (-x[0], x[1], x[2]))
     pool = pool[:max_rows - num_rows]
 
