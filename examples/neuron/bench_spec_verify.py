@@ -40,6 +40,8 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds (plus one warm-up)")
+    ap.add_argument("--uncalibrated", action="store_true",
+                    help="one more engine: confidence scheduling on the raw estimates (no AcceptanceCalibration)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -81,6 +83,17 @@ def summary(d: dict) -> dict:
             "confidence_error": d["confidence_error_sum"] / d["num_draft_tokens"] if d["num_draft_tokens"] else None}
 
 
+class _NoCalibration:
+    """Stands in for engine/spec_schedule.AcceptanceCalibration: factors of 1 (the raw estimates)."""
+    factors = ()
+
+    def record(self, *args) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -94,6 +107,10 @@ def main(argv=None) -> int:
                "all": LLM(args.model, num_speculative_tokens=args.nextn, speculative_verify="all", **common),
                "confidence": LLM(args.model, num_speculative_tokens=args.nextn,
                                  speculative_verify="confidence", **common)}
+    if args.uncalibrated:
+        raw = LLM(args.model, num_speculative_tokens=args.nextn, speculative_verify="confidence", **common)
+        raw.llm_engine.scheduler.calibration = _NoCalibration()
+        engines["confidence-raw"] = raw
     times = {(e, b): [] for e in engines for b in args.batch}
     stats, tokens = {}, {}
     for r in range(args.rounds + 1):
@@ -117,7 +134,7 @@ def main(argv=None) -> int:
                    "same_tokens_as_nextn0": tokens[(name, b)] == tokens[("nextn0", b)], **summary(stats[(name, b)])}
             records.append(rec)
             fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-            print(f"batch {b} {name:>10}: {tok_s:7.2f} tok/s  x{rec['vs_all']:.3f} of 'all'  "
+            print(f"batch {b} {name:>14}: {tok_s:7.2f} tok/s  x{rec['vs_all']:.3f} of 'all'  "
                   f"tok/step {fmt(rec['tokens_per_decode_step'])}  verified/step {fmt(rec['verified_per_step'])}  "
                   f"verified {fmt(rec['verified_fraction'])} of offered  accept {fmt(rec['accept_rate'])}  "
                   f"conf err {fmt(rec['confidence_error'])}  same tokens {rec['same_tokens_as_nextn0']}")
