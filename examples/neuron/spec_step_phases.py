@@ -10,8 +10,9 @@ worker/spec_decode.py), on the same prompts, greedy and sampled (T 0.8, top-k 40
 1 and 4. Per variant: median output tok/s over the rounds (the first round is a warm-up) and ms per
 engine step of each phase: main forward (ModelRunner.run), verification (SpecDecoder._verify), the
 draft forward (model.draft) and the whole drafter (SpecDecoder._draft; minus the draft forward =
-per-depth draft sampling). Prints the ratios and whether both variants emitted the same tokens
-(they must: a cost change is not a result change).
+per-depth draft sampling), per engine step with decode rows (the prompt steps' share included).
+Prints the ratios and whether both variants emitted the same tokens (they must: a cost change is
+not a result change).
 """
 from __future__ import annotations
 
