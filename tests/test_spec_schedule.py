@@ -3,7 +3,7 @@ step verifies for given confidences and step times."""
 import pytest
 
 from deepinfer.engine.spec_schedule import acceptance_estimates, plan_verification
-from deepinfer.engine.step_time import PRIOR_ROW_FRACTION, StepTimes
+from deepinfer.engine.step_time import PRIOR_ROW_FRACTION, WINDOW, StepTimes
 
 
 def linear(fixed, per_row):
@@ -66,8 +66,12 @@ def test_step_times_measured_cells_and_fitted_slope():
     assert f(2) == pytest.approx(0.10) and f(8) == pytest.approx(0.40)   # measured cells
     assert f(5) == pytest.approx(0.25)                                   # on the fitted line
     assert st.for_step(3)(3) == pytest.approx(0.15)  # unseen S: the nearest S (2, before 4), scaled
-    st.record(2, 8, 0.80)                              # moving average, not the last value
-    assert st.cells[(2, 8)] == pytest.approx(0.8 * 0.40 + 0.2 * 0.80)
+    st.record(2, 8, 0.80)                              # one slow step moves nothing:
+    st.record(2, 8, 0.42)                              # the median of the cell's window
+    assert st.cells[(2, 8)] == pytest.approx(0.42)
+    for _ in range(WINDOW):                            # only recent times count
+        st.record(2, 8, 0.2)
+    assert st.cells[(2, 8)] == pytest.approx(0.2)
     st.record(0, 0, 1.0)
     st.record(2, 1, 1.0)  # fewer rows than sequences: ignored
     assert (0, 0) not in st.cells and (2, 1) not in st.cells

@@ -1,8 +1,9 @@
 """Step-time model for confidence-scheduled verification (engine/spec_schedule.py), measured online.
 
 The engine records the execute time of every decode-only step under (S sequences, T query rows).
-Each (S, T) cell keeps an exponential moving average. An estimate for (S, T) is that cell's average
-when it has one, else a line fixed(S) + slope * T, where
+Each (S, T) cell keeps its last WINDOW times and is worth their median: a step slowed by something
+else on the machine moves no plan (a mean would carry it for many steps). An estimate for (S, T) is
+that cell's median when it has one, else a line fixed(S) + slope * T, where
 - slope (seconds per query row) is the least-squares slope within groups of equal S, pooled over the
   groups that have at least two distinct T; before there is any, a prior: a query row costs
   PRIOR_ROW_FRACTION of the mean measured step time per sequence (a row of a memory-bound decode
@@ -15,21 +16,26 @@ makes a longer step look cheaper than a shorter one.
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 PRIOR_ROW_FRACTION = 0.02
-EMA_WEIGHT = 0.2  # weight of a new measurement in its cell's moving average
+WINDOW = 9  # recent times a cell keeps
 
 
 class StepTimes:
     def __init__(self):
-        self.cells: dict[tuple[int, int], float] = {}  # (S, T) -> moving-average seconds
+        self.cells: dict[tuple[int, int], float] = {}  # (S, T) -> median seconds of its window
+        self._windows: dict[tuple[int, int], deque] = {}
         self.num_samples = 0
 
     def record(self, num_seqs: int, num_rows: int, seconds: float) -> None:
         if num_seqs < 1 or num_rows < num_seqs or not seconds > 0.0:
             return
         key = (int(num_seqs), int(num_rows))
-        old = self.cells.get(key)
-        self.cells[key] = seconds if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+        window = self._windows.setdefault(key, deque(maxlen=WINDOW))
+        window.append(float(seconds))
+        self.cells[key] = statistics.median(window)
         self.num_samples += 1
 
     def slope(self) -> float:
