@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 _DTYPES = ("auto", "bfloat16", "float32")
 _KV_CACHE_MODES = ("plain", "compact")
 _WEIGHT_FORMATS = ("auto", "packed", "dense")
+_SPEC_VERIFY = ("all", "confidence")
 _DEFAULT_MAX_MODEL_LEN = 4096
 _FALLBACK_KV_CACHE_BYTES = 1 << 30
 
@@ -121,6 +122,12 @@ class EngineConfig:
         0, help="DSpark drafts verified per sequence and decode step (speculative decoding with the "
                 "checkpoint's draft layers; deepseek_v41 checkpoints with num_nextn_predict_layers > 0 "
                 "only); 0 = off")
+    speculative_verify: str = _option(
+        "all", choices=_SPEC_VERIFY,
+        help="which drafts a decode row verifies: 'all' of them (a seeded sampled request's tokens do not "
+             "depend on the batch); 'confidence': per step, the drafts with the highest predicted "
+             "acceptance, as many as maximise expected tokens per measured step time (greedy tokens are "
+             "unchanged, sampled ones stay distributed as the target; engine/spec_schedule.py)")
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -155,6 +162,8 @@ class EngineConfig:
             if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
                 raise ValueError(f"max_num_batched_tokens must be >= 1 + num_speculative_tokens "
                                  f"({1 + self.num_speculative_tokens}), got {self.max_num_batched_tokens}")
+        if self.speculative_verify not in _SPEC_VERIFY:
+            raise ValueError(f"speculative_verify must be one of {_SPEC_VERIFY}, got {self.speculative_verify!r}")
         if self.weight_format not in _WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {_WEIGHT_FORMATS}, got {self.weight_format!r}")
         self._check_parallel()

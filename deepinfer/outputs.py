@@ -103,10 +103,21 @@ class RequestMetrics:
     num_decode_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # Sum over verified drafts of |accepted - predicted acceptance| (engine/spec_state.py).
+    confidence_error_sum: float = 0.0
 
     @property
     def tokens_per_decode_step(self) -> float | None:
         return self.num_decode_tokens / self.num_decode_steps if self.num_decode_steps else None
+
+    @property
+    def mean_confidence_error(self) -> float | None:
+        return self.confidence_error_sum / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def drafts_per_decode_step(self) -> float | None:
+        """Drafts verified per decode step (B with speculative_verify="all", fewer when scheduled)."""
+        return self.num_draft_tokens / self.num_decode_steps if self.num_decode_steps else None
 
 
 @dataclass(slots=True)

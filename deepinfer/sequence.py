@@ -110,6 +110,7 @@ class Sequence:
     num_decode_tokens: int = 0   # tokens those steps emitted
     num_draft_tokens: int = 0    # drafts verified
     num_accepted_tokens: int = 0  # drafts accepted
+    confidence_error_sum: float = 0.0  # engine/spec_state.confidence_error over its verified drafts
     # prompt + outputs, kept alongside output_token_ids so reading token_ids copies nothing.
     _token_ids: list[int] = field(init=False, repr=False)
 
@@ -206,7 +207,9 @@ class Sequence:
             self.draft_logprobs = proposal.logprobs
             self.draft_confidences = list(proposal.confidences)
 
-    def record_decode_step(self, num_drafts: int, num_accepted: int, num_emitted: int) -> None:
+    def record_decode_step(self, num_drafts: int, num_accepted: int, num_emitted: int,
+                           confidence_error: float = 0.0) -> None:
+        self.confidence_error_sum += confidence_error
         self.num_decode_steps += 1
         self.num_decode_tokens += num_emitted
         self.num_draft_tokens += num_drafts

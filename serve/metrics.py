@@ -158,6 +158,18 @@ def _spec_families(view: _EngineView, spec) -> Iterator[Metric]:
                   spec.num_draft_tokens if spec else 0)
     yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
                   spec.num_accepted_tokens if spec else 0)
+    yield counter("spec_decode_num_offered_tokens", "Drafts the decode rows held (verified or not).",
+                  spec.num_offered_tokens if spec else 0)
+    yield counter("spec_decode_verify_steps", "Engine steps with at least one decode row.",
+                  spec.num_steps if spec else 0)
+    err = GaugeMetricFamily(PREFIX + "spec_decode_confidence_error",
+                            "Mean |accepted - predicted acceptance| per verified draft.", labels=[MODEL_LABEL])
+    err.add_metric([view.model_name], spec.mean_confidence_error if spec else 0.0)
+    yield err
+    vps = GaugeMetricFamily(PREFIX + "spec_decode_verified_per_step",
+                            "Drafts verified per engine step with decode rows.", labels=[MODEL_LABEL])
+    vps.add_metric([view.model_name], spec.verified_per_step if spec else 0.0)
+    yield vps
     tps = GaugeMetricFamily(PREFIX + "spec_decode_tokens_per_step",
                             "Output tokens per decode request-step (1 without drafts).", labels=[MODEL_LABEL])
     tps.add_metric([view.model_name], spec.tokens_per_step if spec else 0.0)

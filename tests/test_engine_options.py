@@ -45,6 +45,7 @@ OTHER_VALUES = {
     "master_addr": "10.0.0.1",
     "master_port": 29500,
     "num_speculative_tokens": 3,
+    "speculative_verify": "confidence",
 }
 
 

@@ -37,6 +37,10 @@ FAMILIES = {
     "deepinfer:spec_decode_num_draft_tokens": "counter",
     "deepinfer:spec_decode_num_accepted_tokens": "counter",
     "deepinfer:spec_decode_tokens_per_step": "gauge",
+    "deepinfer:spec_decode_num_offered_tokens": "counter",
+    "deepinfer:spec_decode_verify_steps": "counter",
+    "deepinfer:spec_decode_confidence_error": "gauge",
+    "deepinfer:spec_decode_verified_per_step": "gauge",
     "deepinfer:request_success": "counter",
     "deepinfer:engine_step_errors": "counter",
     "deepinfer:time_to_first_token_seconds": "histogram",
@@ -107,10 +111,18 @@ def test_engine_values_are_read_from_the_snapshot_at_scrape_time():
 def test_speculative_decoding_counters_and_per_depth_accept_rates():
     from deepinfer.engine.spec_state import SpecDecodeStats
     spec = SpecDecodeStats()
-    spec.record(3, 2, 3)
-    spec.record(3, 0, 1)
+    spec.record(3, 2, 3, confidences=[1.0, 0.5, 0.5])  # estimates 1, .5, .25: errors 0, .5, .25
+    spec.record(3, 0, 1, num_offered=4)
     spec.record(2, 2, 2)  # a stop inside the run: 2 emitted
+    spec.record_step()
+    spec.record_step()
     fams = _page(ServerMetrics(), _stats(spec_decode=spec))
+    assert _value(fams, "deepinfer:spec_decode_num_offered_tokens",
+                  "deepinfer:spec_decode_num_offered_tokens_total") == 9
+    assert _value(fams, "deepinfer:spec_decode_verify_steps", "deepinfer:spec_decode_verify_steps_total") == 2
+    assert _value(fams, "deepinfer:spec_decode_verified_per_step", "deepinfer:spec_decode_verified_per_step") == 4
+    assert _value(fams, "deepinfer:spec_decode_confidence_error",
+                  "deepinfer:spec_decode_confidence_error") == pytest.approx(0.75 / 8)
     assert _value(fams, "deepinfer:spec_decode_steps", "deepinfer:spec_decode_steps_total") == 3
     assert _value(fams, "deepinfer:spec_decode_emitted_tokens", "deepinfer:spec_decode_emitted_tokens_total") == 6
     assert _value(fams, "deepinfer:spec_decode_num_draft_tokens",

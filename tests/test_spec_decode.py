@@ -180,3 +180,62 @@ def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, m
             # the step's batch differs (verification rows beside it): last-bit noise may move the rank
             # of a sampled token that ties others deep in the distribution, never the top entries
             assert abs(g[t].logprob - e[t].logprob) < 1e-4 and (g[t].rank == e[t].rank or e[t].rank > 2)
+
+
+def _oracle_confidences(monkeypatch, levels=(0.0, 0.4, 1.0)):
+    """On top of _oracle: every draft's confidence a fixed draw from `levels` per sequence, position and
+    depth, so confidence scheduling truncates some rows, verifies others fully and skips some."""
+    oracle = spec_decode.SpecDecoder._draft
+
+    def draft(self, scheduled, results):
+        oracle(self, scheduled, results)
+        for i, s in enumerate(scheduled):
+            prop = results.get(i) and results[i].proposal
+            if prop:
+                done = s.seq.num_output_tokens + len(results[i].tokens)
+                rng = random.Random(s.seq.prompt_len * 7919 + done)
+                prop.confidences = [rng.choice(levels) for _ in prop.token_ids]
+    monkeypatch.setattr(spec_decode.SpecDecoder, "_draft", draft)
+
+
+def test_confidence_scheduled_greedy_equals_plain_greedy(v41, plain, monkeypatch):
+    """speculative_verify="confidence": rows verify 0..B of their drafts, the rest are dropped (never
+    committed, never verified later), and greedy still emits the plain greedy tokens, also with chunked
+    prompts and preemption."""
+    prompts, want = plain
+    _oracle(monkeypatch, prompts, want)
+    _oracle_confidences(monkeypatch)
+    for kw in (dict(max_num_seqs=4), dict(max_num_seqs=4, max_num_batched_tokens=12),
+               dict(max_num_seqs=4, num_kv_blocks=9, block_size=16)):
+        llm = _llm(v41, max_model_len=96, num_speculative_tokens=3, speculative_verify="confidence", **kw)
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert _tokens(outs) == want, kw
+        st = llm.llm_engine.stats()
+        spec = st.spec_decode
+        assert 0 < spec.num_draft_tokens < spec.num_offered_tokens, spec  # some drafts were not verified
+        assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens and spec.tokens_per_step > 1.2, spec
+        assert 0 < spec.verified_per_step and 0 < spec.mean_confidence_error < 1, spec
+        assert st.num_used_blocks == 0 and st.num_used_state_slots == 0
+        m = outs[2].metrics
+        assert m.num_decode_tokens == 13 and m.mean_confidence_error is not None
+        assert m.drafts_per_decode_step < 3
+        if "num_kv_blocks" in kw:
+            assert st.num_preemptions > 0
+    # the same drafts verified in full: every offered draft is verified
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    spec = llm.llm_engine.stats().spec_decode
+    assert spec.num_draft_tokens == spec.num_offered_tokens > 0
+
+
+def test_confidence_scheduled_sampling_runs_and_frees_everything(v41, monkeypatch):
+    _oracle_confidences(monkeypatch, levels=(0.2, 0.9))
+    prompts = _prompts((9, 23, 31), seed=4)
+    params = [SamplingParams(temperature=0.8, top_k=40, seed=21 + i, max_tokens=10, ignore_eos=True)
+              for i in range(3)]
+    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, speculative_verify="confidence")
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(t) == 10 for t in _tokens(outs))
+    st = llm.llm_engine.stats()
+    assert 0 < st.spec_decode.num_draft_tokens <= st.spec_decode.num_offered_tokens
+    assert st.num_used_blocks == 0 and st.num_used_state_slots == 0

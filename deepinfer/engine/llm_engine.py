@@ -272,6 +272,9 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress with running sequences")
             sampler_output = None
         t2 = time.perf_counter()
+        if sched.scheduled and all(item.is_decode for item in sched.scheduled):
+            # the step-time model of speculative_verify="confidence" (engine/step_time.py)
+            self.scheduler.step_times.record(len(sched.scheduled), sched.num_batched_tokens, t2 - t1)
         changed = self.scheduler.update(sched.scheduled, sampler_output)
         t3 = time.perf_counter()
 
@@ -339,7 +342,8 @@ class LLMEngine:
             num_decode_steps=sum(s.num_decode_steps for s in seqs),
             num_decode_tokens=sum(s.num_decode_tokens for s in seqs),
             num_draft_tokens=sum(s.num_draft_tokens for s in seqs),
-            num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs))
+            num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs),
+            confidence_error_sum=sum(s.confidence_error_sum for s in seqs))
         # Prompt logprobs once the whole prompt is scored (from the first sampled token on); that list
         # never changes again, so it is handed out as is.
         first = seqs[0]

@@ -21,6 +21,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from deepinfer.engine.block_manager import BlockManager
+from deepinfer.engine.spec_schedule import AcceptanceCalibration, plan_verification
+from deepinfer.engine.spec_state import confidence_error
+from deepinfer.engine.step_time import StepTimes
 from deepinfer.engine_config import EngineConfig
 from deepinfer.outputs import Logprob
 from deepinfer.sequence import Sequence, SequenceStatus
@@ -80,6 +83,9 @@ class Scheduler:
         self.running: list[Sequence] = []  # kept in arrival order: the tail is the preemption victim
         self.num_preemptions = 0
         self.spec_stats = None  # engine/spec_state.SpecDecodeStats when drafts are verified
+        # Decode-only step times, recorded by the engine; they drive speculative_verify="confidence".
+        self.step_times = StepTimes()
+        self.calibration = AcceptanceCalibration()  # what verified drafts' estimates were worth
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -140,14 +146,15 @@ class Scheduler:
             assert seq.num_pending_tokens >= 1, f"running seq {seq.seq_id} has nothing to compute"
         decodes = [s for s in self.running if s.num_pending_tokens == 1]
         prefills = [s for s in self.running if s.num_pending_tokens > 1]
+        verify = self._plan_drafts(decodes, budget)
 
         for seq in decodes + prefills:
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this step
                 continue
             is_decode = seq.num_pending_tokens == 1
-            # A decode row verifies all of its drafts (never fewer: the sampled draws depend on how
-            # many), or waits for a step with room.
-            want = 1 + len(seq.draft_token_ids) if is_decode else min(seq.num_pending_tokens, budget)
+            # A decode row verifies the drafts planned for it (all of them unless speculative_verify is
+            # "confidence": the sampled draws depend on how many), or waits for a step with room.
+            want = 1 + verify.get(seq.seq_id, 0) if is_decode else min(seq.num_pending_tokens, budget)
             if want < 1 or want > budget:
                 continue
             while True:
@@ -167,7 +174,7 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:
                 continue
             if is_decode:
-                drafts = list(seq.draft_token_ids)
+                drafts = list(seq.draft_token_ids[:want - 1])
             else:
                 want, drafts = self._fit_drafts(seq, want, budget)
                 want += len(drafts)
@@ -194,6 +201,21 @@ class Scheduler:
 
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
+
+    def _plan_drafts(self, decodes: list[Sequence], budget: int) -> dict[int, int]:
+        """seq_id -> drafts its decode row verifies this step (engine_config.speculative_verify)."""
+        if self.config.speculative_verify != "confidence":
+            return {s.seq_id: len(s.draft_token_ids) for s in decodes}
+        rows = [s for s in decodes if s.draft_token_ids]
+        if not rows:
+            return {}
+        # Every decode row takes a query row; the plan covers those with drafts (engine/spec_schedule.py).
+        others = len(decodes) - len(rows)
+        step_time = self.step_times.for_step(len(decodes))
+        counts = plan_verification([s.draft_confidences[:len(s.draft_token_ids)] for s in rows],
+                                   lambda t: step_time(t + others), budget - others,
+                                   self.calibration.factors)
+        return {s.seq_id: k for s, k in zip(rows, counts)}
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
                   is_decode: bool = False, drafts: list[int] | None = None) -> None:
@@ -241,9 +263,13 @@ class Scheduler:
                 if seq.is_finished:
                     break
             if item.is_decode:
-                seq.record_decode_step(len(item.draft_ids), group.num_accepted, seq.num_last_emitted)
+                # seq's drafts are still the ones this row held (set_drafts below replaces them)
+                conf_error = confidence_error(len(item.draft_ids), group.num_accepted, seq.draft_confidences)
+                self.calibration.record(len(item.draft_ids), group.num_accepted, seq.draft_confidences)
+                seq.record_decode_step(len(item.draft_ids), group.num_accepted, seq.num_last_emitted, conf_error)
                 if self.spec_stats is not None:
-                    self.spec_stats.record(len(item.draft_ids), group.num_accepted, seq.num_last_emitted)
+                    self.spec_stats.record(len(item.draft_ids), group.num_accepted, seq.num_last_emitted,
+                                           seq.draft_confidences, num_offered=len(seq.draft_token_ids))
             changed.append(seq)
             if seq.is_finished:
                 self.running.remove(seq)
@@ -252,6 +278,10 @@ class Scheduler:
             else:
                 seq.set_drafts(group.proposal)
         rows.check_consumed()
+        if any(item.is_decode for item in scheduled):
+            self.calibration.step()
+            if self.spec_stats is not None:
+                self.spec_stats.record_step()
         return changed
 
 

@@ -27,11 +27,12 @@ and max_model_len.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.model_executor.layers.sample_draw import MTP_SEED_OFFSET
+from deepinfer.model_executor.layers.sample_draw import MTP_SEED_OFFSET, sample_uniforms
 from deepinfer.model_executor.layers.sampler import SamplingBatch
 from deepinfer.model_executor.layers.spec_verify import VerifyBatch, verify
 from deepinfer.model_executor.models import dspark_draft
@@ -127,9 +128,11 @@ class SpecDecoder:
                 if q is None:
                     q = torch.zeros(len(spec), bmax, vocab, dtype=torch.float32, device=logits.device)
                 q[r, :n] = lp[:n].to(q.device)
+            sp = s.seq.sampling_params
+            penalised = sp.penalises_output or sp.penalises_repetition  # only those rows read outputs
             for j in range(bmax + 1):
                 bans.append(bans_at(s.seq, self.eos_ids, j))
-                outs.append(s.seq.output_token_ids + list(s.draft_ids[:j]))
+                outs.append(s.seq.output_token_ids + list(s.draft_ids[:j]) if penalised else ())
             masks += _grammar_masks(s.seq, self.eos_ids, list(s.draft_ids), 0, bmax + 1)
         batch = VerifyBatch.build([x.sampling_params for x in seqs], [len(x) for x in seqs], bmax,
                                   seeds=[x.seed for x in seqs], banned_ids_per_row=bans,
@@ -182,6 +185,7 @@ class SpecDecoder:
         # this step's emitted tokens: outputs before the drafts (penalties, min_tokens bans)
         extra = [[t[0] for t in results[i].tokens] for i, _, _ in rows]
         limit = [n for _, n, _ in rows]  # a grammar row drafts no further than its path goes
+        depth_batches = _DraftBatches(seqs, [nl for _, _, nl in rows], extra, self.eos_ids, b)
         for k in range(b):
             masks = [None] * r  # the grammar's mask after this step's tokens and the drafts so far
             for c, (x, e) in enumerate(zip(seqs, extra)):
@@ -195,20 +199,11 @@ class SpecDecoder:
             lg = base[:, k] + dspark_draft.markov_logits(self.model, pe)
             confs.append(dspark_draft.confidence(self.model, hidden[:, k], pe))
             # draft k is the token at position a + 2 + k = new_len + k
-            batch = SamplingBatch.build(
-                [x.sampling_params for x in seqs], [nl + k for _, _, nl in rows],
-                seeds=[x.seed + MTP_SEED_OFFSET for x in seqs],
-                banned_ids_per_row=[bans_at(x, self.eos_ids, len(e) + k) for x, e in zip(seqs, extra)],
-                output_ids_per_row=[x.output_token_ids + e + [int(t[c]) for t in toks]
-                                    for c, (x, e) in enumerate(zip(seqs, extra))],
-                prompt_ids_per_row=[x.prompt_token_ids for x in seqs], bitmask_per_row=masks,
-                need_logprobs=False, device=lg.device)
-            drawn = sampler(lg, batch).token_ids
-            if sampled_rows:
-                sel = torch.tensor(sampled_rows, dtype=torch.long, device=lg.device)
-                q[:, k] = sampler.processed_logprobs(lg, batch, sel).cpu()
-            toks.append(drawn.tolist())
-            prev = drawn
+            out = sampler(lg, depth_batches.at(k, toks, lg.device, masks), keep_random_logprobs=bool(sampled_rows))
+            if sampled_rows:  # the processed distribution the draws came from (random rows, in order)
+                q[:, k] = out.random_logprobs.cpu()
+            toks.append(out.token_ids.tolist())
+            prev = out.token_ids
         for c, (i, _, _) in enumerate(rows):
             n = limit[c]
             if n == 0:
@@ -228,6 +223,41 @@ def _grammar_masks(seq, eos_ids, path: list[int], first: int, count: int) -> lis
         return [None] * count
     masks = seq.grammar.masks_along(path[:first + count - 1], lambda j: bans_at(seq, eos_ids, j), first)
     return masks + [None] * (count - len(masks))
+
+
+class _DraftBatches:
+    """The SamplingBatch of each draft depth. Depth k differs from depth 0 only in its draw positions
+    (new_len + k), min_tokens bans (bans_at) and the outputs penalties read (earlier drafts appended);
+    when no row has a penalty and no row's bans change with k, depth 0's batch is reused with the
+    depth's draws, instead of rebuilding every per-row tensor each depth."""
+
+    def __init__(self, seqs, new_lens, extra, eos_ids, num_depths: int):
+        self.seqs, self.new_lens, self.extra = seqs, new_lens, extra
+        self.bans = [[bans_at(x, eos_ids, len(e) + k) for x, e in zip(seqs, extra)] for k in range(num_depths)]
+        self.penalised = [x.sampling_params.penalises_output or x.sampling_params.penalises_repetition
+                          for x in seqs]
+        # grammar rows have a mask per depth (GrammarState.masks_along): their batches are rebuilt
+        self.static = (not any(self.penalised) and all(bk == self.bans[0] for bk in self.bans)
+                       and all(x.grammar is None for x in seqs))
+        self.seeds = [x.seed + MTP_SEED_OFFSET for x in seqs]
+        self.first = None
+
+    def at(self, k: int, toks: list[list[int]], device, masks=None) -> SamplingBatch:
+        positions = [nl + k for nl in self.new_lens]
+        if self.static and self.first is not None:
+            u = sample_uniforms(self.seeds, positions)
+            return dataclasses.replace(self.first, uniforms=torch.from_numpy(u).to(device))
+        seqs = self.seqs
+        batch = SamplingBatch.build(
+            [x.sampling_params for x in seqs], positions, seeds=self.seeds, banned_ids_per_row=self.bans[k],
+            # only penalised rows read their outputs: no copy of the others' output lists
+            output_ids_per_row=[x.output_token_ids + e + [int(t[c]) for t in toks] if pen else ()
+                                for c, (x, e, pen) in enumerate(zip(seqs, self.extra, self.penalised))],
+            prompt_ids_per_row=[x.prompt_token_ids for x in seqs], bitmask_per_row=masks,
+            need_logprobs=False, device=device)
+        if k == 0:
+            self.first = batch
+        return batch
 
 
 def _row(sampled, *at) -> tuple:

@@ -91,6 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="speculative draft tokens per decode step, a comma list for a sweep (e.g. 0,3,5); "
                          "> 0 needs a V4.1 checkpoint with draft layers; server mode: one value, the "
                          "server's --num-speculative-tokens (recorded only)")
+    ap.add_argument("--speculative-verify", choices=("all", "confidence"), default="all",
+                    help="offline, with --nextn > 0: the engine's speculative_verify (which drafts a row "
+                         "verifies; engine_config.py)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     ap.add_argument("--max-model-len", type=int, default=None, help="offline (default: max input + max output)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -178,7 +181,8 @@ def build_driver(args: argparse.Namespace, nextn: int = 0):
                                 or max(max_conc * (1 + nextn), _next_pow2(max(args.input_lens) + max_conc))),
         enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature,
         weight_format=args.weight_format, context_parallel_size=args.cp, expert_parallel_size=args.ep,
-        attention_tp_size=args.attention_tp_size, num_speculative_tokens=nextn))
+        attention_tp_size=args.attention_tp_size, num_speculative_tokens=nextn,
+        speculative_verify=args.speculative_verify))
     return driver, "deepinfer-offline", driver.platform_info()
 
 
@@ -241,7 +245,13 @@ def spec_delta(before, after) -> dict:
            for j, a in enumerate(after.accepted_at_depth)]
     drafts = after.num_draft_tokens - before.num_draft_tokens
     accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    offered = after.num_offered_tokens - before.num_offered_tokens
+    engine_steps = after.num_steps - before.num_steps
+    conf_err = after.confidence_error_sum - before.confidence_error_sum
     return {"decode_request_steps": steps, "emitted_tokens": emitted,
+            "offered_tokens": offered, "verify_steps": engine_steps,
+            "verified_per_step": drafts / engine_steps if engine_steps else None,
+            "confidence_error": conf_err / drafts if drafts else None,
             "tokens_per_decode_step": emitted / steps if steps else None,
             "draft_tokens": drafts, "accepted_tokens": accepted,
             "draft_accept_rate": accepted / drafts if drafts else None,

@@ -55,15 +55,21 @@ def parse_args(argv=None):
     return args
 
 
-def greedy_continuations(llm, args, vocab: int) -> list[list[int]]:
-    from deepinfer import SamplingParams
-    g = torch.Generator().manual_seed(args.seed)
+def training_prompts(seed: int, num_prompts: int, prompt_len: int, vocab: int) -> list[list[int]]:
+    """The prompts a distillation with this seed trains on (bench_spec_verify.py replays them)."""
+    g = torch.Generator().manual_seed(seed)
     # Every other prompt starts with BOS (0), the rest with a random id like the bench's prompts
     # (examples/neuron/bench_lib/prompts.py): the continuations differ, and the drafts must see both.
-    prompts = [torch.randint(3, min(vocab, 128000), (args.prompt_len,), generator=g).tolist()
-               for _ in range(args.prompts)]
+    prompts = [torch.randint(3, min(vocab, 128000), (prompt_len,), generator=g).tolist()
+               for _ in range(num_prompts)]
     for p in prompts[::2]:
         p[0] = 0
+    return prompts
+
+
+def greedy_continuations(llm, args, vocab: int) -> list[list[int]]:
+    from deepinfer import SamplingParams
+    prompts = training_prompts(args.seed, args.prompts, args.prompt_len, vocab)
     params = SamplingParams(temperature=0.0, max_tokens=args.gen_len, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)]

@@ -209,6 +209,10 @@ class SamplerOutput:
     token_ranks: torch.Tensor | None = None  # [N] int64: its 1-based rank there
     top_ids: torch.Tensor | None = None  # [N, k] int64, k = batch.num_top_logprobs
     top_logprobs: torch.Tensor | None = None  # [N, k] f32
+    # [R, V] f32, only when forward(keep_random_logprobs=True): the processed log-distribution of the
+    # random rows (batch.random_rows order) the draws came from; the drafter keeps it as q
+    # (worker/spec_decode.py) instead of recomputing it.
+    random_logprobs: torch.Tensor | None = None
 
 
 def logprob_output(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> SamplerOutput:
@@ -315,7 +319,8 @@ class Sampler:
         # torch.argmax returns the first maximal index: the lowest index on ties (§6.3).
         return g.argmax(dim=-1)
 
-    def forward(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    def forward(self, logits: torch.Tensor, batch: SamplingBatch,
+                keep_random_logprobs: bool = False) -> SamplerOutput:
         """Sample one token per row of logits [N, V] (fp32, other dtypes are cast)."""
         if logits.dim() != 2 or logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits must be [{batch.num_rows}, V] (got {tuple(logits.shape)})")
@@ -330,13 +335,18 @@ class Sampler:
         # Process every row when logprobs are wanted (or all rows sample), else the random rows.
         rows = None if batch.need_logprobs or num_random == n else batch.random_rows
         logprobs = self._processed_logprobs(logits, batch, rows)
+        lp = None
         if num_random:
             lp = logprobs if num_random == logprobs.shape[0] else logprobs.index_select(0, batch.random_rows)
             drawn = sample_from_logprobs(lp, batch.uniforms.index_select(0, batch.random_rows),
                                          sparse=batch.any_filter)
             token_ids.index_copy_(0, batch.random_rows, drawn)
+        if not keep_random_logprobs:
+            lp = None
         if not batch.need_logprobs:
-            return SamplerOutput(token_ids=token_ids)
-        return logprob_output(logprobs, token_ids, batch.num_top_logprobs)
+            return SamplerOutput(token_ids=token_ids, random_logprobs=lp)
+        out = logprob_output(logprobs, token_ids, batch.num_top_logprobs)
+        out.random_logprobs = lp
+        return out
 
     __call__ = forward

@@ -33,6 +33,7 @@ class EngineArgs:
     expert_parallel_size: int = 1
     attention_tp_size: int | None = None
     num_speculative_tokens: int = 0
+    speculative_verify: str = "all"
 
 
 class OfflineDriver:
@@ -52,7 +53,8 @@ class OfflineDriver:
             enforce_eager=args.enforce_eager, seed=args.seed, weight_format=args.weight_format,
             context_parallel_size=args.context_parallel_size, expert_parallel_size=args.expert_parallel_size,
             attention_tp_size=args.attention_tp_size,
-            num_speculative_tokens=args.num_speculative_tokens))
+            num_speculative_tokens=args.num_speculative_tokens,
+            speculative_verify=args.speculative_verify))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()

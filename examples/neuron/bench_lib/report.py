@@ -55,6 +55,8 @@ def result_block(rec: dict) -> str:
         row("Engine tokens per decode step:", fmt(spec["tokens_per_decode_step"]))
         row("Draft acceptance rate:", fmt(spec["draft_accept_rate"]))
         row("Acceptance per depth:", " ".join(fmt(a) for a in spec["accept_rate_per_depth"]))
+        row("Drafts verified per step:", fmt(spec.get("verified_per_step")))
+        row("Confidence error:", fmt(spec.get("confidence_error")))
     for key, name, header in (("ttft", "TTFT", "Time to First Token"),
                               ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
                               ("itl", "ITL", "Inter-token Latency"),
