@@ -8,7 +8,8 @@ the engine step, the main forward (ModelRunner.run: prepare, model execute, samp
 calls counted apart), verification (SpecDecoder._verify), and drafting (SpecDecoder._draft: the
 draft layers, their LM head call, and the per-depth draft sampling). Prompts are uniform random
 token ids from --seed (not the bench's prompt generator). Prints milliseconds per decode step and
-per phase, and the output tokens per decode step; writes them as JSON with --out.
+per phase (totals over the measured rounds, each round's one prefill step included, divided by the
+decode steps), and the output tokens per decode step; writes them as JSON with --out.
 """
 from __future__ import annotations
 
