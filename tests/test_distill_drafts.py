@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "neuron"))
 import distill_tiny_drafts  # noqa: E402
 
-ARGS = ["--prompts", "2", "--prompt-len", "6", "--gen-len", "8", "--steps", "2", "--batch", "4", "--blocks", "2"]
+ARGS = ["--prompts", "2", "--prompt-len", "6", "--gen-len", "8", "--steps", "2", "--batch", "4", "--blocks", "2",
+        "--heldout", "2", "--eval-anchors", "8"]
 
 
 def test_distillation_changes_only_draft_tensors_and_is_deterministic(tiny_v41_dir, tmp_path):
