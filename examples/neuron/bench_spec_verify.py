@@ -11,9 +11,9 @@ Per cell: median output tok/s over the rounds, tokens per decode step, drafts ve
 accept rate, confidence error, and whether the tokens equal the nextn 0 engine's (they must:
 greedy). Prints ratios against "all" and writes one JSON record per cell.
 
---prompts distilled replays the training prompts of `distill_tiny_drafts.py` (its default seed and
-sizes): a distilled tiny checkpoint accepts most drafts there and none on random prompts, so the two
-cover both ends (docs/benchmarks.md).
+--prompts distilled replays the first training prompts of `distill_tiny_drafts.py` (its default seed
+and prompt length): a checkpoint distilled on few continuations (`--prompts 64`) memorises them and
+accepts many drafts there and none on random prompts, so the two cover both ends (docs/benchmarks.md).
 """
 from __future__ import annotations
 
