@@ -79,10 +79,16 @@ class MoE(nn.Module):
         names and become views of the stacks."""
         held = list(self.experts.values())
         rows = held[0].w1.weight.shape[0]
-        self._w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in held])
+
+        def w13(name: str) -> torch.Tensor:
+            # [E, 2 * rows, cols]: two stacks and one cat, not one cat per expert (each op costs, on
+            # meta above all: the full-size memory reports build every expert of every layer)
+            return torch.cat([torch.stack([getattr(e.w1, name) for e in held]),
+                              torch.stack([getattr(e.w3, name) for e in held])], dim=1)
+        self._w13 = w13("weight")
         self._w2 = torch.stack([e.w2.weight for e in held])
         if self.packed_experts:
-            self._w13_scale = torch.stack([torch.cat([e.w1.scale, e.w3.scale]) for e in held])
+            self._w13_scale = w13("scale")
             self._w2_scale = torch.stack([e.w2.scale for e in held])
         elif self._w13.dtype == torch.float32:  # fp32: stored transposed (see DeepseekV4Model.post_load)
             self._w13 = self._w13.transpose(1, 2).contiguous().transpose(1, 2)
