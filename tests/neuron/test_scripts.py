@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,6 +27,7 @@ def test_dockerfile_self_check_runs_on_the_host(tmp_path):
     assert "self-check ok" in out.stdout and "graphs" in out.stdout
 
 
+@pytest.mark.slow   # a benchmark script; the region compile it times is covered by tests/neuron/test_regions.py
 def test_bench_host_compile_runs(tmp_path):
     """examples/neuron/bench_host_compile.py end to end at its smallest (one kind, one timed step)."""
     out_json = tmp_path / "bench.json"
