@@ -80,6 +80,18 @@ def split_groups(chunks: list[SeqChunk], dp: int) -> tuple[list[list[SeqChunk]],
     return [pad_chunks(g, Bucket(num_seqs=len(g) + (target > t), num_tokens=target)) for g, t in zip(per, tokens)], index
 
 
+def gather_order(index: list[list[int]], sizes: list[int], stride: int) -> torch.Tensor:
+    """Where each item's rows land in the group leaders' all-gather, in item order: group g's rows
+    start at g * stride, its members (index[g]) one after another, item i holding sizes[i] rows."""
+    where = {}
+    for g, members in enumerate(index):
+        offset = g * stride
+        for i in members:
+            where[i] = offset
+            offset += sizes[i]
+    return torch.tensor([r for i, n in enumerate(sizes) for r in range(where[i], where[i] + n)], dtype=torch.long)
+
+
 class StepFanout:
     def __init__(self, layout, groups, channel):
         """layout: this rank's ParallelLayout; groups: its ParallelGroups; channel: its StepChannel."""
@@ -102,17 +114,11 @@ class StepFanout:
             step, bucket = strategy.prepare_host(g)
             groups.append(GroupStep(step, bucket, _logit_rows(g)))
         rows = max(g.num_logits for g in groups)
-        where = {}
-        for g, members in enumerate(index):
-            offset = g * rows
-            for i in members:
-                where[i] = offset
-                offset += _logit_rows([chunks[i]])
-        order = [r for i, c in enumerate(chunks) for r in range(where[i], where[i] + _logit_rows([c]))]
+        order = gather_order(index, [_logit_rows([c]) for c in chunks], rows)
         msg = StepMessage(KIND_STEP, groups, rows)
         own = groups[self.layout.dp_rank]
         return PreparedStep(strategy.to_device(own.step, own.bucket), own.bucket, own.num_logits,
-                            FanoutStep(msg, rows, torch.tensor(order, dtype=torch.long)))
+                            FanoutStep(msg, rows, order))
 
     def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
         """A draft block shared out like a step (module docstring); num_logits counts its B rows per
@@ -125,12 +131,9 @@ class StepFanout:
             return PreparedStep(step_to(step, strategy.device), None, n, FanoutStep(msg, n, kind=KIND_DRAFT))
         index = [[r for r, slot in enumerate(block.slots) if slot % dp == g] for g in range(dp)]
         rows = max(len(i) for i in index)
-        groups, where = [], {}
-        for g, members in enumerate(index):
-            step = draft_step_inputs(block.rows(members).padded(rows), layout, noise_id)
-            groups.append(GroupStep(step, None, len(members) * b))
-            where.update({r: (g * rows + j) * b for j, r in enumerate(members)})
-        order = torch.tensor([where[r] + k for r in range(len(block)) for k in range(b)], dtype=torch.long)
+        groups = [GroupStep(draft_step_inputs(block.rows(members).padded(rows), layout, noise_id), None,
+                            len(members) * b) for members in index]
+        order = gather_order(index, [b] * len(block), rows * b)
         msg = StepMessage(KIND_DRAFT, groups, rows * b)
         own = groups[self.layout.dp_rank]
         return PreparedStep(step_to(own.step, strategy.device), None, own.num_logits,
