@@ -145,35 +145,29 @@ def _engine_families(view: _EngineView) -> Iterator[Metric]:
 def _spec_families(view: _EngineView, spec) -> Iterator[Metric]:
     """Speculative decoding (engine/spec_state.py): decode request-steps, their tokens, drafts
     verified and accepted, in total and per draft depth."""
-    def counter(name, help_text, value):
-        family = CounterMetricFamily(PREFIX + name, help_text, labels=[MODEL_LABEL])
-        family.add_metric([view.model_name], value)
-        return family
+    def family(name, help_text, value, kind=CounterMetricFamily):
+        out = kind(PREFIX + name, help_text, labels=[MODEL_LABEL])
+        out.add_metric([view.model_name], value)
+        return out
 
-    yield counter("spec_decode_steps", "Decode request-steps (one per sequence and decode step).",
-                  spec.num_decode_steps if spec else 0)
-    yield counter("spec_decode_emitted_tokens", "Tokens emitted by decode request-steps.",
-                  spec.num_emitted_tokens if spec else 0)
-    yield counter("spec_decode_num_draft_tokens", "Draft tokens verified.",
-                  spec.num_draft_tokens if spec else 0)
-    yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-                  spec.num_accepted_tokens if spec else 0)
-    yield counter("spec_decode_num_offered_tokens", "Drafts the decode rows held (verified or not).",
-                  spec.num_offered_tokens if spec else 0)
-    yield counter("spec_decode_verify_steps", "Engine steps with at least one decode row.",
-                  spec.num_steps if spec else 0)
-    err = GaugeMetricFamily(PREFIX + "spec_decode_confidence_error",
-                            "Mean |accepted - predicted acceptance| per verified draft.", labels=[MODEL_LABEL])
-    err.add_metric([view.model_name], spec.mean_confidence_error if spec else 0.0)
-    yield err
-    vps = GaugeMetricFamily(PREFIX + "spec_decode_verified_per_step",
-                            "Drafts verified per engine step with decode rows.", labels=[MODEL_LABEL])
-    vps.add_metric([view.model_name], spec.verified_per_step if spec else 0.0)
-    yield vps
-    tps = GaugeMetricFamily(PREFIX + "spec_decode_tokens_per_step",
-                            "Output tokens per decode request-step (1 without drafts).", labels=[MODEL_LABEL])
-    tps.add_metric([view.model_name], spec.tokens_per_step if spec else 0.0)
-    yield tps
+    yield family("spec_decode_steps", "Decode request-steps (one per sequence and decode step).",
+                 spec.num_decode_steps if spec else 0)
+    yield family("spec_decode_emitted_tokens", "Tokens emitted by decode request-steps.",
+                 spec.num_emitted_tokens if spec else 0)
+    yield family("spec_decode_num_draft_tokens", "Draft tokens verified.",
+                 spec.num_draft_tokens if spec else 0)
+    yield family("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                 spec.num_accepted_tokens if spec else 0)
+    yield family("spec_decode_num_offered_tokens", "Drafts the decode rows held (verified or not).",
+                 spec.num_offered_tokens if spec else 0)
+    yield family("spec_decode_verify_steps", "Engine steps with at least one decode row.",
+                 spec.num_steps if spec else 0)
+    yield family("spec_decode_confidence_error", "Mean |accepted - predicted acceptance| per verified draft.",
+                 spec.mean_confidence_error if spec else 0.0, GaugeMetricFamily)
+    yield family("spec_decode_verified_per_step", "Drafts verified per engine step with decode rows.",
+                 spec.verified_per_step if spec else 0.0, GaugeMetricFamily)
+    yield family("spec_decode_tokens_per_step", "Output tokens per decode request-step (1 without drafts).",
+                 spec.tokens_per_step if spec else 0.0, GaugeMetricFamily)
     if not spec or not spec.verified_at_depth:  # per-depth families only once drafts were verified
         return
     depth = ["depth"]
