@@ -77,3 +77,14 @@ def no_ring_segment_left():
     yield
     left = sorted(ours() - before)
     assert not left, f"/dev/shm segments left behind: {left}"
+
+
+@pytest.fixture
+def cpu_platform(monkeypatch):
+    """--accelerator writes DEEPINFER_ACCELERATOR into this process: restore it and the platform after."""
+    from deepinfer.platforms import reset_platform
+    monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
+    reset_platform()
+    yield
+    monkeypatch.undo()
+    reset_platform()

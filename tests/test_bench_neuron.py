@@ -189,17 +189,6 @@ def _check_records(records: list[dict], backend: str):
         assert r["versions"]["torch"] and r["versions"]["python"]
 
 
-@pytest.fixture
-def cpu_platform(monkeypatch):
-    """--accelerator writes DEEPINFER_ACCELERATOR into this process: restore it and the platform after."""
-    from deepinfer.platforms import reset_platform
-    monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
-    reset_platform()
-    yield
-    monkeypatch.undo()
-    reset_platform()
-
-
 def test_offline_matrix_with_transformers_baseline(tiny_v4_dense_dir, tmp_path, capsys, cpu_platform):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     rc = bench_neuron.main(["--model", str(tiny_v4_dense_dir), *MATRIX, "--accelerator", "cpu",

@@ -10,16 +10,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "ne
 import bench_neuron  # noqa: E402
 
 
-@pytest.fixture
-def cpu_platform(monkeypatch):
-    from deepinfer.platforms import reset_platform
-    monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
-    reset_platform()
-    yield
-    monkeypatch.undo()
-    reset_platform()
-
-
 def test_nextn_sweep_offline(tiny_v41_dir, tmp_path, capsys, cpu_platform):
     out = tmp_path / "r.json"
     rc = bench_neuron.main(["--model", str(tiny_v41_dir), "--input-lens", "8", "--output-lens", "6",
