@@ -16,7 +16,7 @@ setup(
     long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["deepinfer", "deepinfer.*", "serve", "serve.*"]),
+    packages=find_packages(include=["deepinfer", "deepinfer.*"]),
     package_data={"deepinfer": ["model_executor/layers/data/*"]},
     include_package_data=True,
     install_requires=[
@@ -31,6 +31,7 @@ setup(
         "uvicorn",
     ],
     extras_require={"test": ["pytest", "httpx", "openai", "matplotlib"]},
-    # `deepinfer serve --model PATH ...`; `python -m serve ...` runs the same server.
+    # `deepinfer serve --model PATH ...`; `python -m deepinfer.serve ...` runs the same server (and, in a
+    # source checkout, the repo-root alias `python -m serve`, which is not installed).
     entry_points={"console_scripts": ["deepinfer=deepinfer.cli:main"]},
 )

@@ -2,7 +2,7 @@
 `deepinfer follow ...` on every host but the first of a model spread over several hosts.
 
 Each subcommand is a parser built by the module that runs it, so `deepinfer serve` and
-`python -m serve` accept the same options and run the same code (serve/cli.py).
+`python -m deepinfer.serve` accept the same options and run the same code (deepinfer/serve/cli.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from deepinfer.engine_config import add_engine_args, engine_config_from_args
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at module level: the server pulls in uvicorn and FastAPI.
-    from serve import cli as serve_cli
+    from deepinfer.serve import cli as serve_cli
 
     parser = argparse.ArgumentParser(prog="deepinfer", description="deepinfer command line.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

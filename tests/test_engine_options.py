@@ -1,4 +1,4 @@
-"""One source of engine options: LLM(...), `python -m serve` and `deepinfer serve` take every
+"""One source of engine options: LLM(...), `python -m deepinfer.serve` and `deepinfer serve` take every
 EngineConfig field under its name with its default, and build the config the same way."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import deepinfer.cli as deepinfer_cli
 import deepinfer.entrypoints.llm as llm_module
-import serve.cli as serve_cli
+import deepinfer.serve.cli as serve_cli
 from deepinfer.engine_config import EngineConfig, engine_config_from_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,11 +214,23 @@ def test_setup_declares_the_console_script():
     assert getattr(__import__(module, fromlist=[func]), func) is deepinfer_cli.main
 
 
-def test_python_m_serve_still_works():
-    out = subprocess.run([sys.executable, "-m", "serve", "--help"], cwd=REPO, capture_output=True,
+@pytest.mark.parametrize("module", ["deepinfer.serve", "serve"])   # "serve": the repo-root alias
+def test_python_m_serve_still_works(module):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "usage: python -m serve" in out.stdout and "--kv-cache-mode" in out.stdout
+    assert "usage: python -m deepinfer.serve" in out.stdout and "--kv-cache-mode" in out.stdout
+
+
+def test_setup_installs_no_top_level_serve_package():
+    # The repo-root serve/ is only the `python -m serve` alias of a source checkout.
+    tree = ast.parse((REPO / "setup.py").read_text())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "find_packages")
+    include = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "include"))
+    from setuptools import find_packages
+    packages = find_packages(str(REPO), include=include)
+    assert "deepinfer.serve" in packages
+    assert all(p == "deepinfer" or p.startswith("deepinfer.") for p in packages), packages
 
 
 @pytest.mark.parametrize("options, message", [

@@ -1,5 +1,5 @@
 """Every DEEPINFER_* variable declared in deepinfer/envs.py is read somewhere else: an
-`envs.get("NAME")` call or an `envs.NAME` attribute in deepinfer/, serve/
+`envs.get("NAME")` call or an `envs.NAME` attribute in deepinfer/ (the server included)
 or examples/. Found with ast, so a name that only appears in a string, a comment or an error
 message does not count."""
 import ast
@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = ROOT / "deepinfer" / "envs.py"
-SOURCE_DIRS = ("deepinfer", "serve", "examples")
+SOURCE_DIRS = ("deepinfer", "examples")
 
 
 def declared_names(path: Path) -> list[str]:

@@ -13,10 +13,10 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve.app import build_app
-from serve.engine_loop import EngineLoop
-from serve.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, ServerMetrics
-from serve.state import ServerConfig, ServerState
+from deepinfer.serve.app import build_app
+from deepinfer.serve.engine_loop import EngineLoop
+from deepinfer.serve.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, ServerMetrics
+from deepinfer.serve.state import ServerConfig, ServerState
 from test_server_engine_loop import FakeEngine
 
 MODEL = "tiny"

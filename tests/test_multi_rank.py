@@ -116,7 +116,7 @@ def test_two_nodes_on_localhost(references):
 
 
 def test_server_and_bench_with_cp2_ep2(references, tmp_path):
-    """--context-parallel-size / --expert-parallel-size through `python -m serve`: the completions
+    """--context-parallel-size / --expert-parallel-size through `python -m deepinfer.serve`: the completions
     equal the single-rank tokens, bench_neuron.py runs against it, and SIGTERM leaves no child."""
     from test_server_support import MODEL_NAME, ServerProcess
     path, expected, _ = references["v4"]

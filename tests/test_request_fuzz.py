@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from deepinfer.engine_config import EngineConfig
-from serve.protocol import ChatCompletionRequest, CompletionRequest
+from deepinfer.serve.protocol import ChatCompletionRequest, CompletionRequest
 from test_server_support import in_process_app
 
 MODEL = "m"

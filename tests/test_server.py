@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from deepinfer.sampling_params import SamplingParams
-from serve.chat_template import ChatTurn, render_chat
+from deepinfer.serve.chat_template import ChatTurn, render_chat
 from test_server_support import (API_KEY, MAX_MODEL_LEN, MODEL_NAME, ServerProcess, engine_args,
                                  model_dir_fixture, parse_sse, stream_text)
 

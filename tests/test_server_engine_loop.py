@@ -11,12 +11,12 @@ import httpx
 import pytest
 
 from deepinfer.outputs import CompletionOutput, RequestOutput
-from serve.app import build_app
-from serve.engine_loop import MAX_CONSECUTIVE_STEP_ERRORS, EngineLoop
-from serve.errors import APIError
-from serve.generation import EnginePrompt, Generation
-from serve.metrics import ServerMetrics
-from serve.state import ServerConfig, ServerState
+from deepinfer.serve.app import build_app
+from deepinfer.serve.engine_loop import MAX_CONSECUTIVE_STEP_ERRORS, EngineLoop
+from deepinfer.serve.errors import APIError
+from deepinfer.serve.generation import EnginePrompt, Generation
+from deepinfer.serve.metrics import ServerMetrics
+from deepinfer.serve.state import ServerConfig, ServerState
 
 POISON = 666  # a prompt token that makes the fake engine's step raise
 

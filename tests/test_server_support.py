@@ -1,4 +1,4 @@
-"""Helpers for the server tests (no tests here): a real `python -m serve` process on a free
+"""Helpers for the server tests (no tests here): a real `python -m deepinfer.serve` process on a free
 loopback port, SSE parsing and /metrics reading."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ServerProcess:
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile("w+", prefix="serve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "serve", "--model", str(model_dir), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "deepinfer.serve", "--model", str(model_dir), "--port", str(self.port),
                "--served-model-name", MODEL_NAME, "--max-model-len", str(MAX_MODEL_LEN),
                "--max-num-seqs", str(MAX_NUM_SEQS), "--num-kv-blocks", str(NUM_KV_BLOCKS),
                "--dtype", engine_args()["dtype"], "--log-level", "warning", *extra]
@@ -170,10 +170,10 @@ async def in_process_app(engine_config, served_model_name: str = "m", timeout: f
     import asyncio
 
     from deepinfer.engine.llm_engine import LLMEngine
-    from serve.app import build_app
-    from serve.engine_loop import EngineLoop
-    from serve.metrics import ServerMetrics
-    from serve.state import ServerConfig, ServerState
+    from deepinfer.serve.app import build_app
+    from deepinfer.serve.engine_loop import EngineLoop
+    from deepinfer.serve.metrics import ServerMetrics
+    from deepinfer.serve.state import ServerConfig, ServerState
 
     state = ServerState(ServerConfig(served_model_name=served_model_name),
                         EngineLoop(lambda: LLMEngine(engine_config), ServerMetrics()))

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from serve.chat_template import ChatTurn, render_chat
-from serve.errors import APIError
-from serve.middleware import BodyLimitMiddleware
-from serve.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from deepinfer.serve.chat_template import ChatTurn, render_chat
+from deepinfer.serve.errors import APIError
+from deepinfer.serve.middleware import BodyLimitMiddleware
+from deepinfer.serve.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 U, A = "<｜User｜>", "<｜Assistant｜>"

@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server over deepinfer's LLMEngine (`python -m serve --model PATH`).
+"""OpenAI-compatible HTTP server over deepinfer's LLMEngine (`python -m deepinfer.serve --model PATH`).
 
 Files: cli.py (arguments, uvicorn), app.py (routes), completions.py / chat.py (the two generation
 endpoints), protocol.py (request models), responses.py (response objects, SSE), engine_loop.py

@@ -12,14 +12,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from serve.chat import create_chat_completion
-from serve.completions import create_completion
-from serve.errors import APIError, api_error_response, error_response
-from serve.generation import ClientDisconnected
-from serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware
-from serve.state import ServerState
+from deepinfer.serve.chat import create_chat_completion
+from deepinfer.serve.completions import create_completion
+from deepinfer.serve.errors import APIError, api_error_response, error_response
+from deepinfer.serve.generation import ClientDisconnected
+from deepinfer.serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from deepinfer.serve.state import ServerState
 
-logger = logging.getLogger("serve")
+logger = logging.getLogger(__name__)
 
 
 def build_app(state: ServerState) -> FastAPI:

@@ -8,15 +8,15 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve.chat_template import ROLES, ChatTurn, render_chat
-from serve.completions import check_length
-from serve.errors import APIError, bad_request, not_implemented, sse_error_event
-from serve.generation import EnginePrompt, Generation, respond
-from serve.protocol import ChatCompletionRequest, ChatMessage, parse_body
-from serve.responses import SSE_DONE, ChoiceState, chat_logprobs, new_id, now_s, sse, usage
-from serve.state import ServerState
+from deepinfer.serve.chat_template import ROLES, ChatTurn, render_chat
+from deepinfer.serve.completions import check_length
+from deepinfer.serve.errors import APIError, bad_request, not_implemented, sse_error_event
+from deepinfer.serve.generation import EnginePrompt, Generation, respond
+from deepinfer.serve.protocol import ChatCompletionRequest, ChatMessage, parse_body
+from deepinfer.serve.responses import SSE_DONE, ChoiceState, chat_logprobs, new_id, now_s, sse, usage
+from deepinfer.serve.state import ServerState
 
-logger = logging.getLogger("serve")
+logger = logging.getLogger(__name__)
 
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:

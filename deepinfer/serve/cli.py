@@ -1,4 +1,4 @@
-"""`python -m serve --model PATH ...` (also `deepinfer serve`): parse arguments, build the engine
+"""`python -m deepinfer.serve --model PATH ...` (also `deepinfer serve`): parse arguments, build the engine
 loop and run uvicorn."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import uvicorn
 
 from deepinfer.engine_config import EngineConfig, add_engine_args, engine_config_from_args
 from deepinfer.logging_config import configure_logging
-from serve.app import build_app
-from serve.engine_loop import EngineLoop
-from serve.metrics import ServerMetrics
-from serve.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
+from deepinfer.serve.app import build_app
+from deepinfer.serve.engine_loop import EngineLoop
+from deepinfer.serve.metrics import ServerMetrics
+from deepinfer.serve.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
 
-logger = logging.getLogger("serve")
+logger = logging.getLogger(__name__)
 
 # uvicorn's own cancel-everything deadline comes this long after ours, so the engine's abort
 # outputs (finish_reason "abort", then [DONE]) reach the clients before connections are cut.
@@ -41,11 +41,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(default: 30)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="log level of the server, the engine and uvicorn (default: DEEPINFER_LOG_LEVEL "
-                        "for the engine, info for the rest)")
+                        "for the deepinfer loggers, the server's included; info for uvicorn)")
     return parser
 
 
-def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m deepinfer.serve") -> argparse.ArgumentParser:
     return add_server_args(argparse.ArgumentParser(
         prog=prog, description="OpenAI-compatible server for deepinfer."))
 

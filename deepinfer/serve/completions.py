@@ -9,14 +9,14 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve.errors import APIError, bad_request, sse_error_event
-from serve.generation import EnginePrompt, Generation, respond
-from serve.protocol import MAX_CHOICES, MAX_PROMPTS, CompletionRequest, parse_body
-from serve.responses import (SSE_DONE, ChoiceState, completion_logprobs, echo_logprobs,
-                             join_logprobs, new_id, now_s, sse, usage)
-from serve.state import ServerState
+from deepinfer.serve.errors import APIError, bad_request, sse_error_event
+from deepinfer.serve.generation import EnginePrompt, Generation, respond
+from deepinfer.serve.protocol import MAX_CHOICES, MAX_PROMPTS, CompletionRequest, parse_body
+from deepinfer.serve.responses import (SSE_DONE, ChoiceState, completion_logprobs, echo_logprobs,
+                                       join_logprobs, new_id, now_s, sse, usage)
+from deepinfer.serve.state import ServerState
 
-logger = logging.getLogger("serve")
+logger = logging.getLogger(__name__)
 
 
 async def create_completion(request: Request, state: ServerState) -> Response:

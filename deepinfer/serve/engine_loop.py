@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from serve.errors import APIError
-from serve.metrics import ServerMetrics
+from deepinfer.serve.errors import APIError
+from deepinfer.serve.metrics import ServerMetrics
 
-logger = logging.getLogger("serve")
+logger = logging.getLogger(__name__)
 
 # After this many steps in a row raise, the engine is declared dead (/health answers 503).
 MAX_CONSECUTIVE_STEP_ERRORS = 3

@@ -13,8 +13,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve.engine_loop import EngineLoop
-from serve.errors import APIError, bad_request
+from deepinfer.serve.engine_loop import EngineLoop
+from deepinfer.serve.errors import APIError, bad_request
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hmac
 
-from serve.errors import error_response
+from deepinfer.serve.errors import error_response
 
 
 class ApiKeyMiddleware:

@@ -11,10 +11,10 @@ import logging
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
-from serve.errors import APIError, bad_request, not_implemented
-from serve.structured_fields import structured_outputs_params
+from deepinfer.serve.errors import APIError, bad_request, not_implemented
+from deepinfer.serve.structured_fields import structured_outputs_params
 
-logger = logging.getLogger("serve")
+logger = logging.getLogger(__name__)
 
 MAX_N = 32  # completions per prompt
 MAX_PROMPTS = 64  # prompts in one /v1/completions request

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serve.engine_loop import EngineLoop
-from serve.errors import APIError
+from deepinfer.serve.engine_loop import EngineLoop
+from deepinfer.serve.errors import APIError
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 
@@ -51,7 +51,7 @@ class ServerState:
         (--skip-tokenizer-init: token-id prompts in, token ids out, no text)."""
         tok = self.tokenizer
         if tok is None:
-            from serve.errors import bad_request
+            from deepinfer.serve.errors import bad_request
             raise bad_request(f"{what} needs a tokenizer, and this server runs with --skip-tokenizer-init; "
                               f"send the prompt as token ids", param)
         return tok

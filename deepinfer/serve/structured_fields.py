@@ -12,7 +12,7 @@ structural tags are 501. Compiling (bad schema -> 400) happens when the engine a
 from __future__ import annotations
 
 from deepinfer.sampling_params import SamplingParamsError, StructuredOutputsParams
-from serve.errors import bad_request, not_implemented
+from deepinfer.serve.errors import bad_request, not_implemented
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}
