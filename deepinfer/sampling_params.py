@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# docs/model.md §6.1: temperature below this is greedy; the sampler clamps T to it (DI).
+# docs/model.md §6.1: temperature below this is greedy; the sampler clamps T to it (upstream DeepInfer).
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63  # exclusive; vLLM bounds seeds to the int64 range
@@ -152,7 +152,8 @@ class SamplingParams:
         else:
             self.stop_token_ids = list(self.stop_token_ids)
         if self.is_greedy:
-            # DI sampling_params.py: greedy resets top-p/top-k; min_p is moot under argmax (vLLM resets it).
+            # Upstream DeepInfer (its sampling_params.py): greedy resets top-p/top-k; min_p is moot
+            # under argmax (vLLM resets it).
             self.top_p, self.top_k, self.min_p = 1.0, -1, 0.0
 
     @staticmethod

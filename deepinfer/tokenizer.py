@@ -36,8 +36,8 @@ class Tokenizer:
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         """Token ids of `text`; with add_bos, BOS is prepended unless the text already starts with it.
 
-        DI forces add_bos_token=True (docs/model.md §7). A prompt that already carries the BOS string
-        (a rendered chat template) must not get a second one.
+        Upstream DeepInfer forces add_bos_token=True (docs/model.md §7). A prompt that already
+        carries the BOS string (a rendered chat template) must not get a second one.
         """
         ids = self.hf.encode(text, add_special_tokens=False)
         if add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):

@@ -210,7 +210,7 @@ class EngramLayerHash:
     multipliers: np.ndarray                    # int64 [N]
     primes: tuple[tuple[int, ...], ...]        # [N-1][n_heads], n = 2..N
     offsets: tuple[tuple[int, ...], ...]       # exclusive prefix sums of primes, same shape
-    num_rows: int                              # sum of primes (DI may pad the stored table)
+    num_rows: int                              # sum of primes (upstream DeepInfer may pad the stored table)
 
     @property
     def flat_primes(self) -> list[int]:
@@ -276,7 +276,7 @@ class EngramHashSpec:
         old2new = np.asarray(old2new, dtype=np.int64)
         if old2new.shape != (vocab_size,):
             raise ValueError(f"old2new: must have shape ({vocab_size},), got {old2new.shape}")
-        # DI sizes the multipliers by the compressed vocabulary it computed, or by vocab_size.
+        # Upstream DeepInfer sizes the multipliers by the compressed vocabulary it computed, or by vocab_size.
         num_compressed = int(old2new.max()) + 1 if cfg.engram_compressed_vocab else vocab_size
         primes = compute_primes(layer_ids, n_max, n_heads, table_vocab)
         layers = {

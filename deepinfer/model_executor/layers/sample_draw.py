@@ -16,7 +16,7 @@ GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _MASK64 = (1 << 64) - 1
-MTP_SEED_OFFSET = 1000000007  # DI _MTP_SEED_OFFSET: draft sampling uses seed + this
+MTP_SEED_OFFSET = 1000000007  # upstream DeepInfer _MTP_SEED_OFFSET: draft sampling uses seed + this
 CASE_SAMPLE, CASE_RESAMPLE, CASE_VERIFY = 0, 1, 2
 
 
@@ -100,9 +100,9 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor, sparse: bool 
 
 
 def sample_from_logprobs(logprobs: torch.Tensor, uniforms: torch.Tensor, sparse: bool = True) -> torch.Tensor:
-    """sample_from_probs(logprobs.exp(), ...) (DI draws from exp(log_softmax)), but exp only runs
-    on finite entries when rows are mostly -inf: exp is elementwise, so the bits are the same,
-    and exp(-inf) is a slow path on CPU."""
+    """sample_from_probs(logprobs.exp(), ...) (upstream DeepInfer draws from exp(log_softmax)), but
+    exp only runs on finite entries when rows are mostly -inf: exp is elementwise, so the bits are
+    the same, and exp(-inf) is a slow path on CPU."""
     u = uniforms.to(device=logprobs.device, dtype=torch.float64).reshape(-1, 1)
     if sparse:
         row_of, col_of = (logprobs > float("-inf")).nonzero(as_tuple=True)

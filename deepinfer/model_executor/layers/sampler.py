@@ -5,11 +5,11 @@ Per row, in order (all fp32):
      structured-output row, logit_bias, repetition_penalty, frequency_penalty, presence_penalty.
      Greedy rows take the argmax of this adjusted row;
   0. banned token ids -> -inf (min_tokens: EOS and stop_token_ids until enough tokens exist);
-  1. logits * (1/T), the fp32 reciprocal of the fp32 temperature (DI multiplies by the
+  1. logits * (1/T), the fp32 reciprocal of the fp32 temperature (upstream DeepInfer multiplies by the
      reciprocal); greedy rows use T = 1e-5 with top-p/top-k off;
   2. top-p: softmax, stable descending order, drop tokens whose exclusive cumsum > top_p;
   3. top-k: stable descending rank of the remaining logits, drop rank >= top_k;
-  4. min-p (not in DI; vLLM's definition): drop tokens with prob < min_p * max prob. It runs
+  4. min-p (not in upstream DeepInfer; vLLM's definition): drop tokens with prob < min_p * max prob. It runs
      last, so top-p sees the distribution before min-p; vLLM runs min-p before top-p/top-k.
      The orders agree unless top-p and min-p are both set;
   5. logprobs = log_softmax of the result: the processed distribution (§6.1 step 4);

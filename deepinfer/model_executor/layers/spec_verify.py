@@ -23,7 +23,7 @@ Sampled request, with q the draft's processed distribution (draft_logprobs), per
 Steps 1-2 make each emitted token distributed exactly as p (up to the alpha term below) when
 d_j was drawn from q; tests/test_spec_verify.py measures that.
 
-alpha < 1 (DI's DRAFT_PROB_PENALTY) keeps the residual nonzero when p and q agree up to
+alpha < 1 (upstream DeepInfer's DRAFT_PROB_PENALTY) keeps the residual nonzero when p and q agree up to
 rounding and a rejection still happens; it moves at most (1 - alpha) ~ 5e-5 of mass. Pass
 draft_prob_penalty=1.0 for the textbook residual.
 
@@ -52,7 +52,7 @@ from deepinfer.model_executor.layers.sample_draw import (
 from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch, logprob_output
 from deepinfer.sampling_params import SamplingParams
 
-DRAFT_PROB_PENALTY = math.exp(-5e-5)  # DI's alpha in max(p - alpha * q, 0)
+DRAFT_PROB_PENALTY = math.exp(-5e-5)  # upstream DeepInfer's alpha in max(p - alpha * q, 0)
 NO_TOKEN = -1  # token_ids beyond a request's emitted tokens
 
 _unseeded_rng = random.Random()

@@ -276,8 +276,8 @@ class DeepseekV4Model(nn.Module):
 
 
 def default_draft_layout(nextn: int) -> list[tuple[bool, bool]]:
-    """(has main_proj/main_norm, has markov/confidence/norm) per draft block: DI reads main_proj from
-    mtp.0 and the heads from mtp.{nextn-1} (docs/model.md §2.2, §8 item 5)."""
+    """(has main_proj/main_norm, has markov/confidence/norm) per draft block: upstream DeepInfer
+    reads main_proj from mtp.0 and the heads from mtp.{nextn-1} (docs/model.md §2.2, §8 item 5)."""
     return [(i == 0, i == nextn - 1) for i in range(nextn)]
 
 

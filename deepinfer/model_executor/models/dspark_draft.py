@@ -31,7 +31,7 @@ from deepinfer.model_executor.forward_meta import CacheLayout, StepInputs
 from deepinfer.model_executor.layers.packed_weights import linear_mm
 from deepinfer.model_executor.models.v4_common import StepContext
 
-CONFIDENCE_TEMPERATURE = 1.0  # DI's default T_c (docs/model.md §3.8 step 6)
+CONFIDENCE_TEMPERATURE = 1.0  # upstream DeepInfer's default T_c (docs/model.md §3.8 step 6)
 CONFIDENCE_CLAMP = 60.0
 
 
