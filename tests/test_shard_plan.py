@@ -10,7 +10,7 @@ from deepinfer.distributed.parallel_layout import ParallelLayout
 from deepinfer.model_executor import loader
 from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs, step_to
 from deepinfer.model_executor.layers import ep_moe
-from deepinfer.model_executor.layers.kernels import KernelTable
+from deepinfer.model_executor.layers.kernel_table import KernelTable
 from deepinfer.model_executor.models.v4_ffn import MoE
 from deepinfer.model_executor.shard_plan import Cut, ShardPlan, block_region, head_shard
 from deepinfer.model_executor.static_step import Bucket, BucketSpec

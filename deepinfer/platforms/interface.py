@@ -42,9 +42,9 @@ class Platform:
         """Raise ValueError for what this backend cannot run."""
 
     def kernel(self, name: str):
-        """The implementation of a named kernel (see deepinfer/model_executor/layers/kernels.py)."""
-        from deepinfer.model_executor.layers import kernels
-        return kernels.reference(name)
+        """The implementation of a named kernel (see deepinfer/model_executor/layers/kernel_table.py)."""
+        from deepinfer.model_executor.layers import kernel_table
+        return kernel_table.reference(name)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from deepinfer.neuron_ops import kernels as neuron_kernels
+from deepinfer.neuron_ops import kernel_routing as neuron_kernels
 from deepinfer.platforms import current_platform, reset_platform
 from deepinfer.platforms.neuron.platform import FP8_COMPILER_FLAG, NeuronPlatform
 
@@ -62,7 +62,7 @@ def test_bucket_spec_comes_from_the_engine_config_and_bad_buckets_are_rejected(m
 
 
 def test_kernel_table_maps_every_model_kernel():
-    from deepinfer.model_executor.layers.kernels import KERNEL_NAMES, KernelTable
+    from deepinfer.model_executor.layers.kernel_table import KERNEL_NAMES, KernelTable
     p = NeuronPlatform(host=True)
     table = KernelTable(p)
     for name in KERNEL_NAMES:
@@ -106,7 +106,7 @@ def test_device_mode_without_torch_neuronx_says_so():
 def test_nothing_device_only_is_imported():
     code = ("import sys, os; os.environ['DEEPINFER_ACCELERATOR']='neuron'; os.environ['DEEPINFER_NEURON_HOST']='1';"
             "import deepinfer.platforms.neuron.platform, deepinfer.worker.runners.neuron_regions, "
-            "deepinfer.neuron_ops.regions, deepinfer.neuron_ops.kernels, deepinfer.neuron_ops.fp8_guard;"
+            "deepinfer.neuron_ops.regions, deepinfer.neuron_ops.kernel_routing, deepinfer.neuron_ops.fp8_guard;"
             "from deepinfer.platforms import current_platform; p = current_platform(); p.kernel('rms_norm');"
             "bad = [m for m in ('torch_neuronx', 'nki', 'neuronxcc', 'nkilib') if m in sys.modules];"
             "print('BAD', bad) if bad else print('OK', p)")

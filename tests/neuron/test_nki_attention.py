@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepinfer.neuron_ops import kernels
+from deepinfer.neuron_ops import kernel_routing
 from deepinfer.neuron_ops.nki import api, attention_ops, ops
 from deepinfer.neuron_ops.nki.interpreter import NkiRuleError
 
@@ -58,7 +58,7 @@ def _p_rounding_bound(q, keys, valid, sink, scale):
 def _check_attention(t, h, d, e, dtype):
     q, keys, valid, sink = _attn_inputs(t, h, d, e, dtype)
     scale = d ** -0.5
-    want = kernels.reference("sink_attention")(q, keys, valid, sink, scale)
+    want = kernel_routing.reference("sink_attention")(q, keys, valid, sink, scale)
     got = attention_ops.sink_attention(q, keys, valid, sink, scale)
     assert got.dtype == want.dtype == dtype and got.shape == want.shape
     if t > 1:
@@ -81,7 +81,7 @@ def test_sink_attention_equals_reference(t, h, d, e, dtype):
 def test_sink_attention_rounds_p_to_bf16_per_the_rule():
     """fp32 inputs with the bf16 rule forced: an error appears, and stays within 2^-8 sum prob |v|."""
     q, keys, valid, sink = _attn_inputs(2, 8, 128, 300, torch.float32)
-    want = kernels.reference("sink_attention")(q, keys, valid, sink, 0.1)
+    want = kernel_routing.reference("sink_attention")(q, keys, valid, sink, 0.1)
     got = attention_ops.sink_attention(q, keys, valid, sink, 0.1, p_bf16=True)
     err = (got - want).abs()
     assert err.max() > 1e-5
@@ -92,7 +92,7 @@ def test_sink_attention_sink_takes_the_mass():
     q, keys, valid, _ = _attn_inputs(2, 4, 64, 40, torch.float32, p_valid=1.0)
     loud = torch.full((4,), 60.0)
     got = attention_ops.sink_attention(q, keys, valid, loud, 0.125)
-    torch.testing.assert_close(got, kernels.reference("sink_attention")(q, keys, valid, loud, 0.125),
+    torch.testing.assert_close(got, kernel_routing.reference("sink_attention")(q, keys, valid, loud, 0.125),
                                rtol=1e-5, atol=1e-8)
     assert got.abs().max() < 1e-10
 
@@ -125,7 +125,7 @@ def _check_index(t, heads, d, e, q_dtype, key_scale):
     valid = torch.rand(t, e, generator=GEN) < 0.8
     if t > 1:
         valid[-1] = False
-    want = kernels.reference("index_scores")(q, keys, w, valid, key_scale)
+    want = kernel_routing.reference("index_scores")(q, keys, w, valid, key_scale)
     got = attention_ops.index_scores(q, keys, w, valid, key_scale)
     assert got.dtype == torch.float32 and got.shape == (t, e)
     assert torch.equal(got == float("-inf"), ~valid) and torch.equal(want == float("-inf"), ~valid)
@@ -169,7 +169,7 @@ def _hc_inputs(t, n, dim, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hc_mixes_equals_reference(t, n, dim, dtype):
     x, fn, base, scale = _hc_inputs(t, n, dim, dtype)
-    want = kernels.reference("hc_mixes")(x, fn, base, scale, 1e-6, 1e-6, 20)
+    want = kernel_routing.reference("hc_mixes")(x, fn, base, scale, 1e-6, 1e-6, 20)
     got = attention_ops.hc_mixes(x, fn, base, scale, 1e-6, 1e-6, 20)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.float32 and g.shape == w.shape
@@ -181,7 +181,7 @@ def test_hc_mixes_equals_reference(t, n, dim, dtype):
 @pytest.mark.parametrize("iters", [1, 3])
 def test_hc_mixes_iteration_count(iters):
     x, fn, base, scale = _hc_inputs(3, 4, 32, torch.float32)
-    want = kernels.reference("hc_mixes")(x, fn, base, scale, 1e-6, 1e-3, iters)
+    want = kernel_routing.reference("hc_mixes")(x, fn, base, scale, 1e-6, 1e-3, iters)
     got = attention_ops.hc_mixes(x, fn, base, scale, 1e-6, 1e-3, iters)
     torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-6)
 
@@ -195,8 +195,8 @@ def test_hc_pre_and_post_equal_reference(t, n, dim, dtype):
     post = torch.rand(t, n, generator=GEN) * 2
     comb = torch.softmax(torch.randn(t, n, n, generator=GEN), dim=-1)
     pre_slack = 2.0 ** -21 * (pre.unsqueeze(-1) * x.float().abs()).sum(dim=1)
-    for got, want, slack in ((attention_ops.hc_pre(x, pre), kernels.reference("hc_pre")(x, pre), pre_slack),
-                             (attention_ops.hc_post(x, y, post, comb), kernels.reference("hc_post")(x, y, post, comb),
+    for got, want, slack in ((attention_ops.hc_pre(x, pre), kernel_routing.reference("hc_pre")(x, pre), pre_slack),
+                             (attention_ops.hc_post(x, y, post, comb), kernel_routing.reference("hc_post")(x, y, post, comb),
                               _post_slack(x, y, post, comb))):
         assert got.dtype == want.dtype == dtype and got.shape == want.shape
         if dtype == torch.float32:
@@ -209,18 +209,18 @@ def test_hc_pre_and_post_equal_reference(t, n, dim, dtype):
 def test_hc_flash_shapes():
     """V4.1-Flash: hidden 5120, hc_mult 4, 20 Sinkhorn iterations, 64 decode tokens."""
     x, fn, base, scale = _hc_inputs(64, 4, 5120, torch.bfloat16)
-    want = kernels.reference("hc_mixes")(x, fn, base, scale, 1e-6, 1e-6, 20)
+    want = kernel_routing.reference("hc_mixes")(x, fn, base, scale, 1e-6, 1e-6, 20)
     got = attention_ops.hc_mixes(x, fn, base, scale, 1e-6, 1e-6, 20)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     y = torch.randn(64, 5120, generator=GEN).bfloat16()
-    assert _within_ulps(attention_ops.hc_pre(x, want[0]), kernels.reference("hc_pre")(x, want[0]))
+    assert _within_ulps(attention_ops.hc_pre(x, want[0]), kernel_routing.reference("hc_pre")(x, want[0]))
     assert _within_ulps(attention_ops.hc_post(x, y, want[1], want[2]),
-                        kernels.reference("hc_post")(x, y, want[1], want[2]), _post_slack(x, y, want[1], want[2]))
+                        kernel_routing.reference("hc_post")(x, y, want[1], want[2]), _post_slack(x, y, want[1], want[2]))
 
 
 def test_registry_names_are_references():
-    assert set(attention_ops.IMPLEMENTED_2B) <= set(kernels.NKI_KERNELS)
+    assert set(attention_ops.WRAPPERS) <= set(kernel_routing.NKI_KERNELS)
 
 
 # --- the interpreter instructions these kernels added ----------------------------------------------

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from deepinfer.model_executor.layers.quant_gemm import dequant_fp8_rows
-from deepinfer.neuron_ops import kernels
+from deepinfer.neuron_ops import kernel_routing
 from deepinfer.neuron_ops.nki import ops
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp8_gemm import K_TILE, N_TILE
 
@@ -27,7 +27,7 @@ def test_rms_norm_equals_reference(m, dtype):
     x[m // 2] = 0  # a padded (all-zero) row
     w = torch.randn(d, generator=GEN)
     got = ops.rms_norm(x, w, 1e-6)
-    want = kernels.reference("rms_norm")(x, w, 1e-6)
+    want = kernel_routing.reference("rms_norm")(x, w, 1e-6)
     assert got.dtype == want.dtype and got.shape == want.shape
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
@@ -38,7 +38,7 @@ def test_rms_norm_equals_reference(m, dtype):
 
 def test_rms_norm_without_weight_and_3d():
     x = torch.randn(2, 5, 64, generator=GEN)
-    torch.testing.assert_close(ops.rms_norm(x, None, 1e-5), kernels.reference("rms_norm")(x, None, 1e-5),
+    torch.testing.assert_close(ops.rms_norm(x, None, 1e-5), kernel_routing.reference("rms_norm")(x, None, 1e-5),
                                rtol=2e-6, atol=1e-6)
 
 
@@ -48,9 +48,9 @@ def test_swiglu_equals_reference(m, width):
     gate = torch.randn(m, width, generator=GEN) * 6
     up = torch.randn(m, width, generator=GEN) * 6
     got = ops.swiglu(gate, up, 7.0)
-    torch.testing.assert_close(got, kernels.reference("swiglu")(gate, up, 7.0), rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(got, kernel_routing.reference("swiglu")(gate, up, 7.0), rtol=2e-6, atol=1e-6)
     gb, ub = gate.bfloat16(), up.bfloat16()
-    assert _bf16_ulps(ops.swiglu(gb, ub, 7.0), kernels.reference("swiglu")(gb, ub, 7.0)).max() <= 1
+    assert _bf16_ulps(ops.swiglu(gb, ub, 7.0), kernel_routing.reference("swiglu")(gb, ub, 7.0)).max() <= 1
 
 
 def test_swiglu_clamps():
@@ -83,7 +83,7 @@ def _fp8_weight(n, k, block=32):
 @pytest.mark.parametrize("m,n,k", [(1, 700, 256), (5, 1300, 300), (64, 96, 64), (33, 1030, 512)])
 def test_blockquant_fp8_gemm_equals_reference(m, n, k):
     codes, scale = _fp8_weight(n, k)
-    ref = kernels.reference("blockquant_fp8_gemm")
+    ref = kernel_routing.reference("blockquant_fp8_gemm")
     x = torch.randn(m, k, generator=GEN)
     assert _gemm_close(ops.blockquant_fp8_gemm(x, codes, scale, 32, 32), ref(x, codes, scale, 32, 32), x, codes, scale)
     xb = x.bfloat16()
@@ -96,7 +96,7 @@ def test_blockquant_fp8_gemm_padded_rows_and_grid_sizes():
     codes, scale = _fp8_weight(600, 128)
     x = torch.randn(8, 128, generator=GEN)
     x[3:] = 0  # padded decode rows
-    want = kernels.reference("blockquant_fp8_gemm")(x, codes, scale, 32, 32)
+    want = kernel_routing.reference("blockquant_fp8_gemm")(x, codes, scale, 32, 32)
     for grid in (1, 2):
         got = ops.blockquant_fp8_gemm(x, codes, scale, 32, 32, grid=grid)
         assert _gemm_close(got, want, x, codes, scale)
@@ -136,7 +136,7 @@ def test_blockquant_fp8_gemm_v41_flash_k(m):
     codes, scale = _fp8_weight(n, k)
     x = torch.randn(m, k, generator=GEN).bfloat16()
     got = ops.blockquant_fp8_gemm(x, codes, scale, 32, 32)
-    assert _gemm_close(got, kernels.reference("blockquant_fp8_gemm")(x, codes, scale, 32, 32), x, codes, scale)
+    assert _gemm_close(got, kernel_routing.reference("blockquant_fp8_gemm")(x, codes, scale, 32, 32), x, codes, scale)
     assert n % N_TILE
 
 
@@ -163,7 +163,7 @@ def test_blockquant_fp4_gemm_equals_reference(m, n, k, dtype):
     x = torch.randn(m, k, generator=GEN).to(dtype)
     x[m // 2:] = 0 if m > 1 else x[m // 2:]   # padded decode rows
     got = ops.blockquant_fp4_gemm(x, packed, scale, 32)
-    want = kernels.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
+    want = kernel_routing.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
     assert got.dtype == want.dtype == dtype and got.shape == want.shape
     assert _close(got, want, x.float().abs() @ dequant_fp4(packed, scale, 32).abs().t(), k)
     if m > 1:
@@ -177,7 +177,7 @@ def test_blockquant_fp4_gemm_grid_splits_n_and_every_code_decodes():
     packed = torch.arange(256, dtype=torch.uint8).reshape(1, 256).repeat(40, 1)
     scale = torch.full((40, 16), 127, dtype=torch.uint8)
     x = torch.randn(2, 512, generator=GEN)
-    want = kernels.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
+    want = kernel_routing.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
     for grid in (1, 2):
         assert _close(ops.blockquant_fp4_gemm(x, packed, scale, 32, grid=grid), want,
                       x.abs() @ torch.full((512, 40), 6.0), 512)
@@ -192,7 +192,7 @@ def test_blockquant_fp4_gemm_v41_flash_k(m):
     packed, scale = _fp4_weight(4608, 5120)
     x = torch.randn(m, 5120, generator=GEN).bfloat16()
     from deepinfer.model_executor.layers.quant import dequant_fp4
-    want = kernels.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
+    want = kernel_routing.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
     got = ops.blockquant_fp4_gemm(x, packed, scale, 32)
     assert _close(got, want, x.float().abs() @ dequant_fp4(packed, scale, 32).abs().t(), 5120)
 
@@ -204,7 +204,7 @@ def test_blockquant_fp8_grouped_gemm_equals_reference(t, groups, rows, k, dtype)
     codes, scale = _fp8_weight(groups * rows, k)
     x = torch.randn(t, groups, k, generator=GEN).to(dtype)
     got = ops.blockquant_fp8_grouped_gemm(x, codes, scale, 32, 32)
-    want = kernels.reference("blockquant_fp8_grouped_gemm")(x, codes, scale, 32, 32)
+    want = kernel_routing.reference("blockquant_fp8_grouped_gemm")(x, codes, scale, 32, 32)
     assert got.dtype == want.dtype and got.shape == want.shape == (t, groups, rows)
     for g in range(groups):
         w = codes[g * rows:(g + 1) * rows]
@@ -225,7 +225,7 @@ def test_fp4_static_experts_equals_reference(t, experts, dim, inter, dtype):
     idx = torch.randint(0, experts, (t, 2), generator=GEN)
     weights = torch.rand(t, 2, generator=GEN)
     got = ops.fp4_static_experts(x, idx, weights, w13, s13, w2, s2, 32, 10.0)
-    want = kernels.reference("fp4_static_experts")(x, idx, weights, w13, s13, w2, s2, 32, 10.0)
+    want = kernel_routing.reference("fp4_static_experts")(x, idx, weights, w13, s13, w2, s2, 32, 10.0)
     assert got.dtype == want.dtype and got.shape == want.shape
     scale = want.float().abs().max()
     if dtype == torch.float32:

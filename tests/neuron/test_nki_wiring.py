@@ -8,7 +8,7 @@ import torch
 
 from deepinfer.config import ModelConfig
 from deepinfer.model_executor.static_step import BucketSpec
-from deepinfer.neuron_ops import kernels, refs
+from deepinfer.neuron_ops import kernel_routing, refs
 from deepinfer.neuron_ops.nki import ops, simulation_counts
 from deepinfer.neuron_ops.nki.registry import IMPLEMENTED
 from deepinfer.neuron_ops.regions import RegionRunner
@@ -20,7 +20,7 @@ from model_helpers import Seqs
 
 
 def test_registry_names_and_argument_lists():
-    assert set(IMPLEMENTED) <= set(kernels.KERNEL_NAMES)
+    assert set(IMPLEMENTED) <= set(kernel_routing.KERNEL_NAMES)
     assert {"rms_norm", "swiglu", "blockquant_fp8_gemm", "blockquant_fp8_grouped_gemm", "blockquant_fp4_gemm",
             "fp4_static_experts"} <= set(IMPLEMENTED)
     for name, fn in IMPLEMENTED.items():
@@ -34,9 +34,9 @@ def test_platform_reads_the_variable(monkeypatch):
     monkeypatch.setenv("DEEPINFER_NEURON_KERNELS", "simulate")
     host = NeuronPlatform(host=True)
     assert host.simulate_kernels
-    assert host.kernel("rms_norm") is kernels.kernel("rms_norm", simulate=True)
-    assert host.kernel("rms_norm") is not kernels.kernel("rms_norm")
-    assert host.kernel("rope") is kernels.kernel("rope")          # no NKI kernel: the reference op
+    assert host.kernel("rms_norm") is kernel_routing.kernel("rms_norm", simulate=True)
+    assert host.kernel("rms_norm") is not kernel_routing.kernel("rms_norm")
+    assert host.kernel("rope") is kernel_routing.kernel("rope")          # no NKI kernel: the reference op
     assert host.kernel("fp4_routed_experts") is host.kernel("fp4_static_experts")
     monkeypatch.setenv("DEEPINFER_NEURON_KERNELS", "reference")
     assert not NeuronPlatform(host=True).simulate_kernels
@@ -46,11 +46,11 @@ def test_platform_reads_the_variable(monkeypatch):
 
 
 def test_device_mode_without_nki_keeps_the_plain_reference():
-    assert kernels.kernel("rms_norm", on_device=True, simulate=True) is refs.PLAIN["rms_norm"]
+    assert kernel_routing.kernel("rms_norm", on_device=True, simulate=True) is refs.PLAIN["rms_norm"]
 
 
 def test_simulated_op_is_one_node_under_aot_eager():
-    op = kernels.kernel("rms_norm", simulate=True)
+    op = kernel_routing.kernel("rms_norm", simulate=True)
     nodes = []
 
     def backend(gm, example_inputs):

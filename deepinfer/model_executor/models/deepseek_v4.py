@@ -13,7 +13,7 @@ from torch import nn
 
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.model_executor.forward_meta import StepInputs
-from deepinfer.model_executor.layers.kernels import KernelTable
+from deepinfer.model_executor.layers.kernel_table import KernelTable
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
 from deepinfer.model_executor.models import dspark_draft
 from deepinfer.model_executor.models.v4_attention import Attention

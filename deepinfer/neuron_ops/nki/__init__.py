@@ -5,8 +5,8 @@
 - `kernels/`: the NKI kernels;
 - `ops` (GEMMs, experts, rms_norm, swiglu) and `attention_ops` (sink attention, indexer scores, mHC):
   torch wrappers with the references' argument lists; `ops.last_stats()`;
-- `registry.IMPLEMENTED`: kernel-table name -> wrapper, what `neuron_ops.kernels.kernel` routes to NKI
-  (host mode with DEEPINFER_NEURON_KERNELS=simulate: the interpreter; device: `device.py`);
+- `registry.IMPLEMENTED`: kernel-table name -> wrapper, what `neuron_ops.kernel_routing.kernel`
+  routes to NKI (host mode with DEEPINFER_NEURON_KERNELS=simulate: the interpreter; device: `device.py`);
 - `simulation_counts()`: {kernel name: calls} since the process started.
 """
 from deepinfer.neuron_ops.nki.counts import simulation_counts  # noqa: F401

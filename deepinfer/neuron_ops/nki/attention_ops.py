@@ -1,6 +1,6 @@
-"""Torch entry points of the attention, indexer and mHC kernels (issue 14, phase 2b), with the
-references' argument lists (deepinfer/neuron_ops/refs PLAIN) and output dtypes. `IMPLEMENTED_2B`
-maps kernel names to these wrappers, for the kernel registry in ops.py to take in."""
+"""Torch entry points of the attention, indexer and mHC kernels, with the references' argument
+lists (deepinfer/neuron_ops/refs PLAIN) and output dtypes. `WRAPPERS` maps kernel names to these
+wrappers, for the kernel registry (nki/registry.py) to take in."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -69,7 +69,7 @@ def hc_post(x: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Te
 
 
 # kernel name -> torch wrapper with the reference's arguments (part of nki/registry.py IMPLEMENTED)
-IMPLEMENTED_2B: dict[str, Callable] = {
+WRAPPERS: dict[str, Callable] = {
     "sink_attention": sink_attention,
     "index_scores": index_scores,
     "hc_mixes": hc_mixes,

@@ -3,7 +3,7 @@ through torch-neuronx's NKI call (an `nki.jit` kernel launched on torch XLA tens
 `kernel[grid](*tensors)`, which torch-neuronx lowers to one custom call in the region graph).
 
 NEVER RUN: this project has no Trainium machine; nothing here has executed on hardware. It is
-imported lazily, only by `neuron_ops.kernels.kernel(name, on_device=True)` when `available()`.
+imported lazily, only by `neuron_ops.kernel_routing.kernel(name, on_device=True)` when `available()`.
 Open points for a first device run: the wrappers prepare the kernels' K-major layouts with torch ops
 per call (a load-time layout in the packed weights would remove them), and the fp8 wrapper's
 `codes <= 240` check reads the weight on the host."""

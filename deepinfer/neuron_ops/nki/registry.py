@@ -1,7 +1,7 @@
 """Kernel-table names that have an NKI kernel, mapped to their torch wrappers (nki/ops.py), each with
 its reference's argument list (deepinfer/neuron_ops/refs PLAIN; extra launch options are keyword-only
-with defaults). `neuron_ops.kernels.kernel` routes exactly these names to NKI; every other name keeps
-its PyTorch reference. Add a name here when its kernel and wrapper exist."""
+with defaults). `neuron_ops.kernel_routing.kernel` routes exactly these names to NKI; every other
+name keeps its PyTorch reference. Add a name here when its kernel and wrapper exist."""
 from deepinfer.neuron_ops.nki import attention_ops, ops
 
 IMPLEMENTED = {
@@ -11,5 +11,5 @@ IMPLEMENTED = {
     "blockquant_fp8_grouped_gemm": ops.blockquant_fp8_grouped_gemm,
     "blockquant_fp4_gemm": ops.blockquant_fp4_gemm,
     "fp4_static_experts": ops.fp4_static_experts,
-    **attention_ops.IMPLEMENTED_2B,   # sink_attention, index_scores, hc_mixes, hc_pre, hc_post
+    **attention_ops.WRAPPERS,   # sink_attention, index_scores, hc_mixes, hc_pre, hc_post
 }

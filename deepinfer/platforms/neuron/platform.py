@@ -130,8 +130,8 @@ class NeuronPlatform(Platform):
         return rescale_weight_for_trn2(codes, scale)
 
     def kernel(self, name: str):
-        from deepinfer.neuron_ops import kernels
-        return kernels.kernel(name, on_device=not self.is_host_mode, simulate=self.simulate_kernels)
+        from deepinfer.neuron_ops import kernel_routing
+        return kernel_routing.kernel(name, on_device=not self.is_host_mode, simulate=self.simulate_kernels)
 
     def __repr__(self) -> str:
         return f"<NeuronPlatform {'host' if self.is_host_mode else 'device'} mode>"

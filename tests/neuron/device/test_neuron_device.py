@@ -5,7 +5,7 @@ the host references, and the device primitives the seed found broken (docs/neuro
 import pytest
 import torch
 
-from deepinfer.neuron_ops import kernels
+from deepinfer.neuron_ops import kernel_routing
 
 pytestmark = pytest.mark.neuron_device
 
@@ -26,11 +26,11 @@ def _to(x, device):
     return x
 
 
-@pytest.mark.parametrize("name", sorted(kernels.KERNEL_NAMES))
+@pytest.mark.parametrize("name", sorted(kernel_routing.KERNEL_NAMES))
 def test_device_kernel_matches_host_reference(platform, name):
     from neuron_cases import kernel_case
     args, kw = kernel_case(name)
-    want = kernels.reference(name)(*args, **kw)
+    want = kernel_routing.reference(name)(*args, **kw)
     fn = torch.compile(platform.kernel(name), backend="neuron", fullgraph=True, dynamic=False)
     got = fn(*_to(args, platform.device), **kw)
     for a, b in zip(*(v if isinstance(v, tuple) else (v,) for v in (got, want))):

@@ -1,4 +1,5 @@
-"""One entry per kernel the Neuron path uses, and the NKI kernels written or planned for them.
+"""Where the Neuron platform routes each kernel-table name: an NKI kernel, the kernel run in the
+NKI interpreter, or the PyTorch reference.
 
 `kernel(name, on_device, simulate)` resolves a name once:
 - host mode: the PyTorch reference (neuron_ops/refs/) registered as a custom op, so a compiled region
@@ -15,7 +16,7 @@ fp4 MoE names) are the fixed-shape forms in both modes: no bincount / .tolist() 
 """
 import functools
 
-from deepinfer.model_executor.layers.kernels import KERNEL_NAMES as MODEL_KERNELS
+from deepinfer.model_executor.layers.kernel_table import KERNEL_NAMES as MODEL_KERNELS
 from deepinfer.neuron_ops import refs
 
 # Kernels the model calls through the platform, plus the fused SwiGLU the Neuron path adds.
