@@ -21,10 +21,10 @@ $(STAMP): requirements.txt setup.py
 	touch $(STAMP)
 
 $(TINY_V41)/config.json: | $(STAMP)
-	$(PY) examples/neuron/make_tiny_checkpoint.py --kind v41 --out $(TINY_V41)
+	$(PY) examples/tools/make_tiny_checkpoint.py --kind v41 --out $(TINY_V41)
 
 run: $(STAMP) $(TINY_V41)/config.json
-	$(PY) examples/neuron/offline_inference.py --model $(TINY_V41)
+	$(PY) examples/offline_inference.py --model $(TINY_V41)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow"

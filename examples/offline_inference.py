@@ -1,6 +1,6 @@
 """Offline generation with the vLLM-style API: a few prompts in, prompts and completions out.
 
-    python examples/neuron/offline_inference.py --model checkpoints/tiny-v41
+    python examples/offline_inference.py --model checkpoints/tiny-v41
 
 A tiny checkpoint has random weights, so its completions are gibberish; the point is the path.
 Set DEEPINFER_ACCELERATOR=neuron to run the Neuron platform (host mode without a device).
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepinfer import LLM, SamplingParams  # noqa: E402
 

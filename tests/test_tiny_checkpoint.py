@@ -45,7 +45,7 @@ def v4u_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def v4q_dir(tmp_path_factory):
     """The fp8 V4 variant, written through the command line script."""
-    spec = importlib.util.spec_from_file_location("make_tiny", ROOT / "examples/neuron/make_tiny_checkpoint.py")
+    spec = importlib.util.spec_from_file_location("make_tiny", ROOT / "examples/tools/make_tiny_checkpoint.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
     out = tmp_path_factory.mktemp("v4q")

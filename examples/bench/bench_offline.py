@@ -1,6 +1,6 @@
 """Offline decode throughput of LLM.generate vs transformers' generate, plus the GEMM floor.
 
-    python examples/neuron/bench_offline.py --model DIR [--batches 1,8,32] [--dtypes float32,bfloat16]
+    python examples/bench/bench_offline.py --model DIR [--batches 1,8,32] [--dtypes float32,bfloat16]
         [--weight-formats dense,packed]
         [--input-len 32] [--output-len 32] [--no-baseline] --out results/bench_offline.json
 

@@ -1,6 +1,6 @@
 """Which drafts to verify: speculative_verify="all" against "confidence", in one process.
 
-    python examples/neuron/bench_spec_verify.py --model PATH [--nextn 3] [--batch 1,4] \
+    python examples/bench/bench_spec_verify.py --model PATH [--nextn 3] [--batch 1,4] \
         [--prompts random|distilled] [--num-prompts 8] [--output-len 32] [--rounds 3] --out r.json
 
 Three engines on the same checkpoint: no drafts (nextn 0), nextn drafts verified in full, nextn
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))  # distill_tiny_drafts
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 

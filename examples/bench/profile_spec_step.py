@@ -1,6 +1,6 @@
 """Where a decode step's time goes, plain (nextn 0) against speculative (nextn > 0), in one process.
 
-    python examples/neuron/profile_spec_step.py --model TINY_V41_DISTILLED [--nextn 0,3] [--batch 1,8] \
+    python examples/bench/profile_spec_step.py --model TINY_V41_DISTILLED [--nextn 0,3] [--batch 1,8] \
         [--prompt-len 16] [--gen-len 48] [--threads 1] [--out profile.json]
 
 Wall-clock timers (perf_counter) wrap the engine's own objects at run time, nothing is edited:

@@ -1,7 +1,7 @@
 """Where a speculative step's time goes, and a SpecDecoder change against its baseline, in one process.
 
     git show REV:deepinfer/worker/spec_decode.py > /tmp/spec_decode_before.py
-    python examples/neuron/spec_step_phases.py --model <tiny v41> --baseline /tmp/spec_decode_before.py \
+    python examples/bench/spec_step_phases.py --model <tiny v41> --baseline /tmp/spec_decode_before.py \
         [--nextn 3] [--output-len 24] [--rounds 2] --out phases.json
 
 Two engines: nextn 0 (plain) and nextn `--nextn`; the speculative engine's SpecDecoder runs as the

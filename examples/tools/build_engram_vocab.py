@@ -1,6 +1,6 @@
 """Regenerate the shipped Engram compressed-vocabulary table (docs/model.md §3.7).
 
-    python examples/neuron/build_engram_vocab.py [--tokenizer PATH] [--out PATH] [--check]
+    python examples/tools/build_engram_vocab.py [--tokenizer PATH] [--out PATH] [--check]
 
 --check compares with the shipped table instead of writing it.
 """

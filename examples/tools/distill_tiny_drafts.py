@@ -1,6 +1,6 @@
 """Distil the tiny V4.1 checkpoint's DSpark draft layers on the main model's own greedy continuations.
 
-    python examples/neuron/distill_tiny_drafts.py --model TINY_V41 --out TINY_V41_DISTILLED [--seed 0] \
+    python examples/tools/distill_tiny_drafts.py --model TINY_V41 --out TINY_V41_DISTILLED [--seed 0] \
         [--prompts 256] [--steps 300] [--threads 1]
 
 The random tiny checkpoint's `mtp.*` layers predict nothing, so speculative decoding on it accepts
@@ -25,7 +25,7 @@ almost no draft. This trains only those layers (docs/model.md §3.8), the main m
 On the random tiny model the held-out numbers are the honest ones: its greedy continuations are
 uniform-looking tokens whose next token depends on the whole context, so a draft must reproduce the
 main hidden state almost exactly (cosine ~0.99) to agree with its argmax, and two draft layers get to
-~0.3 on unseen prompts (docs/benchmarks.md; examples/neuron/probe_tiny_predictability.py measures it).
+~0.3 on unseen prompts (docs/benchmarks.md; examples/tools/probe_tiny_predictability.py measures it).
 
 Deterministic for a seed and --threads (seeded prompts, anchors and initial state).
 """

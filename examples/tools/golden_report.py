@@ -1,6 +1,6 @@
 """Golden numbers: deepinfer vs transformers on the tiny V4 checkpoint, and V4.1 self-consistency.
 
-    python examples/neuron/golden_report.py --v4 DIR_V4_UNQUANTIZED --v41 DIR_V41 [--out golden.json]
+    python examples/tools/golden_report.py --v4 DIR_V4_UNQUANTIZED --v41 DIR_V41 [--out golden.json]
 
 V4: per prompt length, max |logit difference| and min cosine per position against transformers'
 DeepseekV4ForCausalLM (fp32, same files), argmax agreement, and for prefill / token-by-token decode /

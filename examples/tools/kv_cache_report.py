@@ -1,6 +1,6 @@
 """Bytes per token and per sequence of a model's KV cache, without allocating anything.
 
-    python examples/neuron/kv_cache_report.py --config examples/configs/v41-flash.json [--mode plain|compact|both]
+    python examples/tools/kv_cache_report.py --config examples/configs/v41-flash.json [--mode plain|compact|both]
 """
 import argparse
 import json

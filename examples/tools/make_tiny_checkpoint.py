@@ -1,7 +1,7 @@
 """Write a tiny random DeepSeek V4 / V4.1 checkpoint in the real Hugging Face layout (docs/model.md §7).
 
-    python examples/neuron/make_tiny_checkpoint.py --kind v41 --out checkpoints/tiny-v41
-    python examples/neuron/make_tiny_checkpoint.py --kind v4 --out checkpoints/tiny-v4 --unquantized
+    python examples/tools/make_tiny_checkpoint.py --kind v41 --out checkpoints/tiny-v41
+    python examples/tools/make_tiny_checkpoint.py --kind v4 --out checkpoints/tiny-v4 --unquantized
 
 The logic lives in deepinfer/model_executor/tiny_checkpoint.py; this is its command line.
 """

@@ -1,8 +1,8 @@
 """How predictable is the tiny V4.1's next token? The numbers that decide what a distilled draft can learn.
 
-    python examples/neuron/probe_tiny_predictability.py --model TINY_V41 [--seed 123] [--threads 2] [--out probe.json]
+    python examples/tools/probe_tiny_predictability.py --model TINY_V41 [--seed 123] [--threads 2] [--out probe.json]
 
-On the random tiny checkpoint (examples/neuron/make_tiny_checkpoint.py) the main model is frozen
+On the random tiny checkpoint (examples/tools/make_tiny_checkpoint.py) the main model is frozen
 noise, so before distilling its draft layers (distill_tiny_drafts.py) this measures, on uniform
 random prompts of its own seed (never the bench's prompt generator):
 1. structure of the greedy continuations: distinct tokens, repeats at lags 1-8, periodic tails,

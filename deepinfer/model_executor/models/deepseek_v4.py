@@ -216,7 +216,7 @@ class DeepseekV4Model(nn.Module):
             layer.collect(io, ctx)
         if self.writes_draft_keys:
             dspark_draft.write_main_keys(self, ctx)
-        if self.target_capture is not None:  # draft distillation (examples/neuron/distill_tiny_drafts.py)
+        if self.target_capture is not None:  # draft distillation (examples/tools/distill_tiny_drafts.py)
             self.target_capture.append(dspark_draft.target_features(self, ctx))
         x = x[step.logits_indices]
         if cfg.hc_shifted:
