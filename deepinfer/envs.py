@@ -112,9 +112,10 @@ ENV_VARS: list[EnvVar] = [
            "(slow; counts in deepinfer.neuron_ops.nki.simulation_counts()). Read when the platform is made.",
            ("reference", "simulate")),
     EnvVar("DEEPINFER_LOG_LEVEL", "INFO", "choice",
-           "Level of the deepinfer loggers, applied when deepinfer is first imported; "
-           "deepinfer.logging_config.configure_logging(level) overrides it. Records go to the "
-           "application's logging handlers, or to stderr when the root logger has none.",
+           "Level of the deepinfer loggers (the server's included), applied when deepinfer is first "
+           "imported; deepinfer.logging_config.configure_logging(level) overrides it. INFO: the startup "
+           "lines (config, weights, KV pool, graphs); DEBUG adds one line per engine step. Records go to "
+           "the application's logging handlers, or to stderr when the root logger has none.",
            ("DEBUG", "INFO", "WARNING", "ERROR")),
     EnvVar("DEEPINFER_KV_CACHE_MEMORY_BYTES", 1 << 30, "int",
            "Memory budget (bytes) for the KV block pool when num_kv_blocks is not given."),

@@ -6,6 +6,7 @@ Not thread-safe: a server calls it from a single engine thread (aborts included)
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -17,6 +18,8 @@ from deepinfer.engine_config import EngineConfig
 from deepinfer.outputs import CompletionOutput, ListPrefix, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams, SamplingParamsError
 from deepinfer.sequence import Sequence, effective_seed
+
+logger = logging.getLogger(__name__)
 
 
 def _min(values):
@@ -304,6 +307,9 @@ class LLMEngine:
         timing.num_sampled = sum(s.num_last_emitted for s in changed)
         timing.num_preempted = len(sched.preempted)
         self.last_step_timing = timing
+        logger.debug("step: %d rows, %d prefill + %d decode tokens, %d sampled, %d preempted, %.2f ms "
+                     "(execute %.2f ms)", timing.num_seqs, timing.num_prefill_tokens, timing.num_decode_tokens,
+                     timing.num_sampled, timing.num_preempted, timing.total_s * 1e3, timing.execute_s * 1e3)
         if self.timing_hook is not None:
             self.timing_hook(timing)
         return outputs

@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
                                timeout_graceful_shutdown=args.shutdown_timeout + _UVICORN_GRACE_S,
                                access_log=log_level == "debug")
     server = _Server(uv_config, engine_loop, args.shutdown_timeout)
+    logger.info("serving %s as %r on http://%s:%d (api key %s, max pending %s)", engine_config.model,
+                server_config.served_model_name, args.host, args.port, "required" if args.api_key else "off",
+                args.max_pending or "unlimited")
     engine_loop.on_fatal = server.fatal
     server.run()
     return server.exit_code

@@ -13,7 +13,7 @@ from deepinfer.outputs import Logprob
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.platforms import current_platform
 from deepinfer.stop_rules import banned_token_ids
-from deepinfer.worker import cache_engine
+from deepinfer.worker import cache_engine, startup_log
 from deepinfer.worker.model_runner import ModelRunner, SampleRequest, ScoreRequest
 from deepinfer.worker.runners import EagerStrategy, strategy_class
 
@@ -56,7 +56,9 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
         shared_tables = SharedEngramTables.for_layout(parallel.layout)
     shared_tables = shared_tables or None
     skip = shared_tables.names(model) if shared_tables is not None else ()
+    t0 = time.perf_counter()
     load_checkpoint(model, model_dir, dtype, progress=progress, skip=skip)  # also runs model.post_load()
+    startup_log.log_weights(model, model_dir, weight_format, time.perf_counter() - t0, parallel)
     if shared_tables is not None:
         shared_tables.attach(model, model_dir, platform)
     if platform is not None:
@@ -104,6 +106,8 @@ class Worker:
         self.weight_format = (self.platform.default_weight_format if engine_config.weight_format == "auto"
                               else engine_config.weight_format)
         progress = parallel is None or parallel.layout.is_driver   # one progress bar per model, not per rank
+        if progress:
+            startup_log.log_config(engine_config, self.platform, self.dtype, self.weight_format)
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
                                                                  progress=progress, platform=self.platform,
                                                                  weight_format=self.weight_format,
@@ -119,6 +123,9 @@ class Worker:
         cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
                                             self.dtype, device=self.platform.device, mode=self.kv_cache_mode,
                                             fp8_max=self.platform.fp8_max, extra_ring_rows=extra_rows)
+        if progress:
+            startup_log.log_kv_pool(self.num_kv_blocks, self.block_size, self.bytes_per_block, self.kv_cache_mode,
+                                    int(engine_config.max_model_len), int(engine_config.max_num_seqs))
         layout = cache_engine.cache_layout(cfg, self.num_state_slots, self.block_size,
                                            getattr(self.model, "engram_spec", None), extra_ring_rows=extra_rows)
         if strategy_cls is None:
@@ -128,6 +135,8 @@ class Worker:
         if buckets is not None:
             strategy_kw.setdefault("buckets", buckets)
         strategy = strategy_cls(self.model, layout, platform=self.platform, **strategy_kw)
+        if progress:
+            startup_log.log_runner(strategy.name, buckets, bool(engine_config.warmup_graphs))
         self.runner = ModelRunner(self.model, cache, layout, strategy, fanout=fanout)
         self.spec = None
         if self.num_speculative_tokens:

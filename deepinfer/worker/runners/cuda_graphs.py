@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import torch
 
@@ -136,8 +137,10 @@ class CudaGraphStrategy(RunnerStrategy):
         if out is None:
             out = self._outputs[bucket.num_tokens] = torch.empty(
                 bucket.num_tokens, self.model.cfg.vocab_size, dtype=torch.float32, device=self.device)
+        t0 = time.perf_counter()
         replay, output = self.capture(lambda: out.copy_(self.model(inputs, cache)))
-        logger.info("captured a decode graph for %d rows, context %d", bucket.num_tokens, bucket.context)
+        logger.info("captured a decode graph for %d rows, context %d, in %.2f s", bucket.num_tokens, bucket.context,
+                    time.perf_counter() - t0)
         return _Graph(inputs, output, replay, static_signature(placeholder), cache)
 
     @torch.inference_mode()

@@ -10,6 +10,7 @@ eagerly, unpadded.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -73,12 +74,16 @@ class NeuronRegionStrategy(RunnerStrategy):
         else:
             self.buckets_seen.add((bucket.num_tokens, bucket.context))
             run_layer = self.regions
+        graphs_before, t0 = self.num_graphs, time.perf_counter()
         if self.fp8_guard is None:
             logits = self.model(step, cache, run_layer=run_layer)
         else:
             with self.fp8_guard:
                 logits = self.model(step, cache, run_layer=_outside_mode(run_layer))
             self._log_new_fp8_sites()
+        if self.num_graphs > graphs_before:   # only a bucketed step compiles regions
+            logger.info("compiled %d region graphs for a step of %d tokens, context %d, in %.2f s (with its run)",
+                        self.num_graphs - graphs_before, bucket.num_tokens, bucket.context, time.perf_counter() - t0)
         return logits if logits.device.type == "cpu" else logits.cpu()
 
     def _log_new_fp8_sites(self) -> None:
