@@ -25,7 +25,7 @@ def deepseek_tokenizer_dir() -> Path:
 
 
 class Tokenizer:
-    """A transformers fast tokenizer plus DeepInfer's BOS rule: encode() starts with BOS once."""
+    """A transformers fast tokenizer plus upstream DeepInfer's BOS rule: encode() starts with BOS once."""
 
     def __init__(self, hf):
         self.hf = hf

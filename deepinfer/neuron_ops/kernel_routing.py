@@ -7,8 +7,8 @@ NKI interpreter, or the PyTorch reference.
   (DEEPINFER_NEURON_KERNELS=simulate) a name that has an NKI kernel (nki/registry.py IMPLEMENTED)
   is instead a custom op `nki_<name>` with the same fake whose implementation runs the kernel in the
   NKI interpreter (nki/ops.py);
-- device mode: a name with an NKI kernel goes to it through torch-neuronx (nki/device.py, never run
-  here) when the real nki and /dev/neuron are present; every other name is the plain reference,
+- device mode: a name with an NKI kernel goes to it through torch-neuronx (nki/device.py) when the
+  real nki and /dev/neuron are present; every other name is the plain reference,
   traced into the region graph and compiled op by op by neuronx-cc.
 `NKI_KERNELS` describes the kernels; IMPLEMENTED says which exist.
 Every entry has the reference's argument list and output contract. Both MoE names (and both packed
@@ -22,10 +22,10 @@ from deepinfer.neuron_ops import refs
 # Kernels the model calls through the platform, plus the fused SwiGLU the Neuron path adds.
 KERNEL_NAMES = tuple(MODEL_KERNELS) + ("swiglu",)
 
-# kernel name -> what its NKI kernel does. Every one is written (nki/registry.py IMPLEMENTED adds the
+# kernel name -> what its NKI kernel does. Each has one (nki/registry.py IMPLEMENTED adds the
 # packed-expert and grouped fp8 forms): host mode runs them in the NumPy interpreter with
-# DEEPINFER_NEURON_KERNELS=simulate, a device through nki/device.py (never run); the rest of the
-# table's names run as their references.
+# DEEPINFER_NEURON_KERNELS=simulate, a device through nki/device.py; the rest of the table's names
+# run as their references.
 NKI_KERNELS = {
     "blockquant_fp8_gemm": "fp8 e4m3 32x32-block GEMM: dequantize in SBUF on the vector engine, fp32 PSUM, grid 2",
     "blockquant_fp4_gemm": "fp4 e2m1 1x32-group GEMM (and its grouped expert form), same tiling as fp8",

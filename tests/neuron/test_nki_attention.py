@@ -1,7 +1,6 @@
-"""The sink-attention, indexer-score and mHC NKI kernels (issue 14, phase 2b) run in the interpreter
-equal their PyTorch references over decode shape sweeps, within trn2's rules; and the two
-interpreter instructions they added (nl.where, nisa.scalar_tensor_tensor) agree with NumPy and
-fail with the rule they break.
+"""The sink-attention, indexer-score and mHC NKI kernels run in the interpreter equal their PyTorch
+references over decode shape sweeps, within trn2's rules; and the two interpreter instructions only
+they use (nl.where, nisa.scalar_tensor_tensor) agree with NumPy and fail with the rule they break.
 
 Tolerances: fp32 paths are exact up to fp32 summation order (rtol 1e-5). sink_attention rounds
 P to bf16 before P.V (bf16 models): each p_k then carries a relative error <= 2^-8, so
@@ -258,7 +257,7 @@ def test_where_and_scalar_tensor_tensor_agree_with_numpy():
 @pytest.mark.parametrize("case,rule", [("where-shape", "shape"), ("where-hbm", "compute-on-chip"),
                                        ("stt-operand", "shape"), ("stt-bitvec", "shape"),
                                        ("stt-hbm", "compute-on-chip")])
-def test_new_instructions_enforce_rules(case, rule):
+def test_select_and_multiply_add_instructions_enforce_rules(case, rule):
     nl, nisa = api.nl, api.nisa
     a = np.ones((4, 6), np.float32)
 

@@ -79,7 +79,7 @@ def build_compressed_vocab(tokenizer: Any) -> np.ndarray:
     """old2new int64 [V]: compressed id of every token id (docs/model.md §3.7, ~1 s for V = 129280)."""
     tok = as_backend_tokenizer(tokenizer)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    # decode_batch runs in Rust; decoding ids one by one from Python is ~10x slower.
+    # decode_batch runs in Rust; decoding ids one by one would pay a Python call per id.
     texts = tok.decode_batch([[i] for i in range(vocab_size)], skip_special_tokens=False)
     normalizer = _key_normalizer()
     key_to_new: dict[str, int] = {}

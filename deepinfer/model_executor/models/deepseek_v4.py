@@ -176,9 +176,9 @@ class DeepseekV4Model(nn.Module):
 
     def post_load(self):
         # fp32 Linear weights keep their [out, in] shape but live in [in, out] memory order, so every
-        # `x @ w.t()` multiplies by a contiguous matrix (MKL sgemm: ~1.3-2x faster for these shapes,
-        # the LM head 23 -> 12 ms at batch 1). bf16 GEMMs measured the opposite (10x slower), so bf16
-        # weights stay row-major. wo_a is viewed per group, so it stays row-major too.
+        # `x @ w.t()` multiplies by a contiguous matrix, which MKL's sgemm runs faster at these shapes;
+        # bf16 GEMMs run slower that way, so bf16 weights stay row-major (docs/benchmarks.md, "fp32
+        # weights in [in, out] memory order"). wo_a is viewed per group, so it stays row-major too.
         # The LM head too: `h @ head.weight.t()` then multiplies by a contiguous [D, V] matrix, with no
         # second copy of the head.
         for name, mod in self.named_modules():

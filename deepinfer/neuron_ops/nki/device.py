@@ -2,11 +2,10 @@
 through torch-neuronx's NKI call (an `nki.jit` kernel launched on torch XLA tensors with its grid,
 `kernel[grid](*tensors)`, which torch-neuronx lowers to one custom call in the region graph).
 
-NEVER RUN: this project has no Trainium machine; nothing here has executed on hardware. It is
-imported lazily, only by `neuron_ops.kernel_routing.kernel(name, on_device=True)` when `available()`.
-Open points for a first device run: the wrappers prepare the kernels' K-major layouts with torch ops
-per call (a load-time layout in the packed weights would remove them), and the fp8 wrapper's
-`codes <= 240` check reads the weight on the host."""
+Imported lazily, only by `neuron_ops.kernel_routing.kernel(name, on_device=True)` when `available()`
+(what has run on which machine: docs/status.md). Two per-call costs on a device: the wrappers prepare
+the kernels' K-major layouts with torch ops (a load-time layout in the packed weights would remove
+them), and the fp8 wrapper's `codes <= 240` check reads the weight on the host."""
 from __future__ import annotations
 
 import functools
@@ -25,7 +24,7 @@ def available() -> bool:
     return True  # pragma: no cover
 
 
-def device_kernel(name: str):  # pragma: no cover - device only, never run
+def device_kernel(name: str):  # pragma: no cover - device only
     """The wrapper of `name` with its launches sent to the NeuronCore."""
     import torch_neuronx  # noqa: F401  (registers the XLA device and the NKI custom call)
 

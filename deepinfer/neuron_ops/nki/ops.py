@@ -4,7 +4,7 @@ launches the kernel and returns a torch tensor in the reference's output dtype.
 
 Where a launch runs (`_run`): in the NumPy interpreter when the real `nki` is absent; in NKI's own
 simulator where it is installed; on the NeuronCore through torch-neuronx inside `on_device()`
-(nki/device.py; never run in this project). `last_stats()` sums the interpreter's counts over every
+(nki/device.py). `last_stats()` sums the interpreter's counts over every
 launch of the latest wrapper call (a wrapper may launch several kernels); `counts.simulation_counts()`
 counts wrapper calls by kernel-table name, an expert call's own GEMM and SwiGLU calls included."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ _ON_DEVICE = False   # inside on_device(): launches go to the NeuronCore with to
 
 @contextlib.contextmanager
 def on_device():
-    """Launch kernels through torch-neuronx (tensors stay torch XLA tensors). Never run here."""
+    """Launch kernels through torch-neuronx (tensors stay torch XLA tensors)."""
     global _ON_DEVICE
     prev, _ON_DEVICE = _ON_DEVICE, True
     try:

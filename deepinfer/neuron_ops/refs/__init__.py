@@ -2,7 +2,7 @@
 
 Each reference is registered as a `torch.library` custom op (namespace `deepinfer_neuron`) with a
 fake (shape-only) implementation, so a host-mode region graph holds one node per kernel, as a device
-graph will hold one NKI call once those are written, and tracing never runs the reference's math on
+graph holds one NKI call for a name with an NKI kernel, and tracing never runs the reference's math on
 fake tensors (tests/neuron/test_neuron_kernels.py checks every fake against the reference with
 opcheck). Device mode traces the plain functions of `PLAIN` instead. The math is not
 copied: the model's layer functions are the references; the routed MoE is the fixed-shape dense form

@@ -1,6 +1,6 @@
 """Device tier (docs/neuron.md §5.8): needs a Trainium NeuronCore and torch-neuronx; every test here is
-marked `neuron_device` and skipped elsewhere (tests/conftest.py). None of these has run yet: this
-project has no Trainium hardware. They check the kernels and region graphs on the device against
+marked `neuron_device` and skipped elsewhere (tests/conftest.py; where they have run: docs/status.md).
+They check the kernels and region graphs on the device against
 the host references, and the device primitives the seed found broken (docs/neuron.md §4 A2-A4)."""
 import pytest
 import torch

@@ -60,7 +60,23 @@ def _vector_operand(what: str, data: Tensor, operand):
     return operand
 
 
-from deepinfer.neuron_ops.nki.interpreter.select_ops import scalar_tensor_tensor  # noqa: E402,F401 (phase 2b)
+def _arith(op) -> ops.Op:
+    name = getattr(op, "name", None)
+    require(name in ops.ALL and ops.ALL[name].kind != "bitvec", "shape",
+            f"expected an arithmetic operator, got {op!r}")
+    return ops.ALL[name]
+
+
+def scalar_tensor_tensor(*, data, op0, operand0, op1, data1, dtype=None, mask=None, **kwargs):
+    """(data <op0> operand0) <op1> data1 in one Vector Engine instruction, operand0 a scalar or a
+    (P, 1) vector (a multiply-add per row); computed in fp32 and rounded once to the output dtype."""
+    check_on_chip("scalar_tensor_tensor", data, operand0, data1)
+    require(data.shape == data1.shape, "shape", f"scalar_tensor_tensor data {data.shape} vs data1 {data1.shape}")
+    f0, f1 = _arith(op0), _arith(op1)
+    v = _vector_operand("scalar_tensor_tensor operand0", data, operand0)
+    y = f1.fn(f0.fn(values(data), np.float32(v) if np.isscalar(v) else v).astype(np.float32), values(data1))
+    state.current().count("vector")
+    return _out(data, np.asarray(y, dtype=np.float32), dtype or dtypes.promote(data.dtype, data1.dtype))
 
 
 # --- Tensor Engine --------------------------------------------------------------------------------

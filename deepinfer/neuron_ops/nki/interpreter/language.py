@@ -88,7 +88,19 @@ def elementwise(op, args, dtype):
 
 ops.register_elementwise(elementwise)
 
-from deepinfer.neuron_ops.nki.interpreter.select_ops import where  # noqa: E402,F401 (phase 2b)
+
+def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
+    """x where condition is non-zero, else y (a Vector Engine select); condition and x are tiles of
+    one shape, y a tile of that shape or a scalar, e.g. -inf for masked entries."""
+    check_on_chip("nl.where", condition, x, y)
+    require(isinstance(condition, Tensor) and isinstance(x, Tensor), "shape",
+            "nl.where takes a condition tile and a value tile x")
+    require(condition.shape == x.shape, "shape", f"nl.where condition {condition.shape} vs x {x.shape}")
+    if isinstance(y, Tensor):
+        require(y.shape == x.shape, "shape", f"nl.where x {x.shape} vs y {y.shape}")
+    state.current().count("vector")
+    out_dtype = dtype or (dtypes.promote(x.dtype, y.dtype) if isinstance(y, Tensor) else x.dtype)
+    return x.like(np.where(values(condition) != 0, values(x), values(y)), out_dtype)
 
 
 def copy(x, dtype=None):
