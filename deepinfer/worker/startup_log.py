@@ -10,7 +10,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def gib(nbytes: int) -> str:
+def size_text(nbytes: int) -> str:
+    """GiB from 128 MiB up, MiB below (a tiny checkpoint is a few MiB)."""
     return f"{nbytes / 2**30:.3f} GiB" if nbytes >= 2**27 else f"{nbytes / 2**20:.1f} MiB"
 
 
@@ -45,7 +46,7 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 def log_weights(model: torch.nn.Module, model_dir: str, weight_format: str, seconds: float, parallel) -> None:
     where = "" if parallel is None or parallel.layout.world_size == 1 else f" (rank {parallel.layout.rank})"
-    logger.info("weights loaded%s: %s (%s) from %s in %.2f s", where, gib(model_bytes(model)), weight_format,
+    logger.info("weights loaded%s: %s (%s) from %s in %.2f s", where, size_text(model_bytes(model)), weight_format,
                 model_dir, seconds)
 
 
@@ -66,5 +67,5 @@ def log_kv_pool(num_blocks: int, block_size: int, bytes_per_block: int, mode: st
                 max_num_seqs: int) -> None:
     logger.info("KV cache: %d blocks of %d tokens, %s (%s, %d B per block); max concurrency at "
                 "max_model_len %d: %.2fx (max_num_seqs %d)", num_blocks, block_size,
-                gib(num_blocks * bytes_per_block), mode, bytes_per_block, max_model_len,
+                size_text(num_blocks * bytes_per_block), mode, bytes_per_block, max_model_len,
                 max_concurrency(num_blocks, block_size, max_model_len), max_num_seqs)
