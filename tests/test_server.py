@@ -12,6 +12,7 @@ import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -20,7 +21,7 @@ import torch
 
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.serve.chat_template import ChatTurn, render_chat
-from test_server_support import (API_KEY, MAX_MODEL_LEN, MODEL_NAME, ServerProcess, engine_args,
+from test_server_support import (API_KEY, MAX_MODEL_LEN, MODEL_NAME, NUM_KV_BLOCKS, ServerProcess, engine_args,
                                  model_dir_fixture, parse_sse, stream_text)
 
 
@@ -31,7 +32,7 @@ def model_dir(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    srv = ServerProcess(model_dir, "--max-body-bytes", str(1 << 20))
+    srv = ServerProcess(model_dir, "--max-body-bytes", str(1 << 20), "--log-level", "info")  # the last one wins
     try:
         srv.wait_ready()
         yield srv
@@ -76,6 +77,15 @@ def test_health_was_503_while_loading_then_200(server):
     assert server.health_statuses[0] == 503
     assert server.health_statuses[-1] == 200
     assert httpx.get(server.base + "/health").status_code == 200
+
+
+def test_startup_is_logged_at_info(server, model_dir):
+    # the whole log: read_log keeps only its tail
+    log = Path(server.log.name).read_text(errors="replace")
+    assert f"INFO deepinfer.worker.startup_log: engine config: model={model_dir} platform=" in log
+    assert f"INFO deepinfer.worker.startup_log: KV cache: {NUM_KV_BLOCKS} blocks of " in log
+    assert "INFO deepinfer.worker.startup_log: weights loaded: " in log
+    assert f"INFO deepinfer.serve.cli: serving {model_dir} as '{MODEL_NAME}' on http://127.0.0.1:{server.port}" in log
 
 
 def test_models_lists_the_served_name(client):

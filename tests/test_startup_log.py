@@ -1,6 +1,7 @@
-"""The startup log of LLM(...) (item list in deepinfer/worker/startup_log.py) and the per-step DEBUG
-line, through DEEPINFER_LOG_LEVEL in a fresh interpreter (the level is applied at import) with no
-logging configured by the script, as a user's script runs it."""
+"""The startup log of LLM(...) (deepinfer/worker/startup_log.py) and the per-step DEBUG line,
+through DEEPINFER_LOG_LEVEL in a fresh interpreter (the level is applied at import) with no logging
+configured by the script, as a user's script runs it. The server's startup lines:
+tests/test_server.py::test_startup_is_logged_at_info."""
 import os
 import re
 import subprocess
@@ -9,30 +10,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Starts at DEEPINFER_LOG_LEVEL=DEBUG, then sets ERROR the same way (the variable, read again by
+# configure_logging()) and generates once more: one model load covers both levels.
 SCRIPT = """
-import sys
+import os, sys
 from deepinfer import LLM, SamplingParams
+from deepinfer.logging_config import configure_logging
 llm = LLM(model=sys.argv[1], max_model_len=128, max_num_seqs=3, enforce_eager=True)
 out = llm.generate(["Hello", "abc"], SamplingParams(max_tokens=2), use_tqdm=False)
 w = llm.llm_engine.worker
 print("POOL", w.num_kv_blocks, w.block_size, w.bytes_per_block, len(out))
+os.environ["DEEPINFER_LOG_LEVEL"] = "ERROR"
+configure_logging()
+print("--- ERROR from here ---", file=sys.stderr, flush=True)
+out = llm.generate(["Hello", "abc"], SamplingParams(max_tokens=2), use_tqdm=False)
+print("AGAIN", len(out))
 """
 LINE = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR) (deepinfer[\w.]*): (.*)$")
 
 
-def _run(model_dir, level: str) -> tuple[str, list[tuple[str, str, str]]]:
-    env = {k: v for k, v in os.environ.items() if k != "DEEPINFER_LOG_LEVEL"}
-    env.update(DEEPINFER_LOG_LEVEL=level, PYTHONPATH=str(ROOT), DEEPINFER_ACCELERATOR="cpu")
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(model_dir)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    records = [m.groups() for m in map(LINE.match, out.stderr.splitlines()) if m]
-    return out.stdout, records
+def _records(stderr: str) -> list[tuple[str, str, str]]:
+    return [m.groups() for m in map(LINE.match, stderr.splitlines()) if m]
 
 
 def test_debug_shows_the_startup_lines_and_each_step_and_error_shows_none(tiny_v4_dir):
-    stdout, debug = _run(tiny_v4_dir, "DEBUG")
-    _, error = _run(tiny_v4_dir, "ERROR")
+    env = {k: v for k, v in os.environ.items() if k != "DEEPINFER_LOG_LEVEL"}
+    env.update(DEEPINFER_LOG_LEVEL="DEBUG", PYTHONPATH=str(ROOT), DEEPINFER_ACCELERATOR="cpu")
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_v4_dir)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "AGAIN 2" in out.stdout
+    stdout = out.stdout
+    at_debug, at_error = out.stderr.split("--- ERROR from here ---\n")
+    debug, error = _records(at_debug), _records(at_error)
     assert error == []          # nothing went wrong, so nothing at ERROR
     assert len(debug) > len(error)
     info = [msg for level, _, msg in debug if level == "INFO"]
@@ -43,7 +53,7 @@ def test_debug_shows_the_startup_lines_and_each_step_and_error_shows_none(tiny_v
     assert re.search(r"\d+\.\d+ (MiB|GiB) \(dense\) from .* in \d+\.\d+ s$", weights), weights
     assert any(m == "runner: eager" for m in info)
     # the KV pool line, at INFO, carries the worker's own numbers
-    blocks, block_size, per_block, n = map(int, stdout.split("POOL", 1)[1].split())
+    blocks, block_size, per_block, n = map(int, stdout.split("POOL", 1)[1].split()[:4])
     assert n == 2
     kv = next(m for m in info if m.startswith("KV cache:"))
     assert kv.startswith(f"KV cache: {blocks} blocks of {block_size} tokens, ")
@@ -57,16 +67,3 @@ def test_debug_shows_the_startup_lines_and_each_step_and_error_shows_none(tiny_v
     assert re.match(r"step: 2 rows, \d+ prefill \+ 0 decode tokens, 2 sampled", steps[0]), steps[0]
     assert any(re.match(r"step: 2 rows, 0 prefill \+ 2 decode tokens, 2 sampled", s) for s in steps[1:]), steps
 
-
-def test_server_logs_its_startup_at_info(tiny_v4_dir):
-    from test_server_support import MODEL_NAME, NUM_KV_BLOCKS, ServerProcess
-    server = ServerProcess(tiny_v4_dir, "--log-level", "info", "--enforce-eager", api_key=None)  # last one wins
-    try:
-        server.wait_ready()
-        log = server.read_log()
-    finally:
-        assert server.terminate() == 0
-    assert f"INFO deepinfer.worker.startup_log: engine config: model={tiny_v4_dir} platform=" in log
-    assert f"INFO deepinfer.worker.startup_log: KV cache: {NUM_KV_BLOCKS} blocks of " in log
-    assert "INFO deepinfer.worker.startup_log: weights loaded: " in log
-    assert f"INFO deepinfer.serve.cli: serving {tiny_v4_dir} as '{MODEL_NAME}' on http://127.0.0.1:{server.port}" in log
