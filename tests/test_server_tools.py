@@ -12,7 +12,7 @@ import pytest
 
 from deepinfer.tokenizer import load_tokenizer
 from serve.chat_template import ChatTurn, ToolCall, render_chat
-from test_server_support import API_KEY, MODEL_NAME, ServerProcess, model_dir_fixture
+from test_server_support import API_KEY, MODEL_NAME, model_dir_fixture, running_server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -34,12 +34,8 @@ def model_dir(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir):
     # The tools section alone is ~400 tokens: a longer context than the other server tests use.
-    srv = ServerProcess(model_dir, "--max-model-len", "1024")
-    try:
-        srv.wait_ready()
+    with running_server(model_dir, "--max-model-len", "1024") as srv:
         yield srv
-    finally:
-        srv.terminate()
 
 
 @pytest.fixture(scope="module")
