@@ -50,8 +50,16 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
                    tool_calls=tools is not None and tools.parses_calls)
     state.check_capacity(1)
     gen = Generation(state.engine_loop, ctx.id, [EnginePrompt(token_ids, text)], [params])
-    return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
-                         lambda finals: _full_response(ctx, finals[0]))
+    try:
+        return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
+                             lambda finals: _full_response(ctx, finals[0]))
+    except APIError as e:
+        if e.param != "structured_outputs.structural_tag":
+            raise
+        # The only structural tag here is the forced call's: its schemas are the client's tools.
+        reason = e.message.split(": ", 1)[-1]
+        raise bad_request(f"tools: a parameters schema cannot constrain the forced call: {reason}",
+                          "tools") from None
 
 
 def _turn(i: int, m: ChatMessage) -> ChatTurn:

@@ -142,3 +142,13 @@ def test_bad_tool_history_is_400(server):
                    json={"model": MODEL_NAME, "messages": QUESTION, "tools": TOOLS, "tool_choice": "required",
                          "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    bad_schema = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": 5}}}}}]
+    r = httpx.post(server.base + "/v1/chat/completions", headers=server.headers, timeout=60,
+                   json={"model": MODEL_NAME, "messages": QUESTION, "tools": bad_schema,
+                         "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    # the server goes on serving
+    ok = httpx.post(server.base + "/v1/chat/completions", headers=server.headers, timeout=120,
+                    json={"model": MODEL_NAME, "messages": QUESTION, "tools": bad_schema, "max_tokens": 2})
+    assert ok.status_code == 200
