@@ -16,7 +16,7 @@ from serve.completions import check_length
 from serve.errors import APIError, bad_request, not_implemented, sse_error_event
 from serve.generation import EnginePrompt, Generation, respond
 from serve.protocol import ChatCompletionRequest, ChatMessage, parse_body
-from serve.reply_parser import ReplyParser, full_message
+from serve.reply_parser import ReplyParser, full_message, merge_fields
 from serve.responses import SSE_DONE, ChoiceState, chat_logprobs, new_id, now_s, sse, usage
 from serve.state import ServerState
 
@@ -172,8 +172,7 @@ async def _stream(ctx: _Context, gen: Generation):
                     parser = parsers.setdefault(c.index, ctx.reply_parser())
                     delta = parser.feed(c.delta_text)
                     if c.finish_reason is not None:
-                        for key, value in parser.finish().items():
-                            delta[key] = delta.get(key, type(value)()) + value
+                        delta = merge_fields(delta, parser.finish())
                     if not st.started:
                         st.started = True
                         delta = {"role": "assistant", **delta}

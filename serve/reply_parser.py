@@ -52,11 +52,16 @@ class ReplyParser:
         return "tool_calls" if self.num_calls and engine_reason == "stop" else engine_reason
 
 
+def merge_fields(fields: dict, more: dict) -> dict:
+    """`fields` followed by `more` (texts and call lists concatenated)."""
+    for key, value in more.items():
+        fields[key] = fields[key] + value if key in fields else value
+    return fields
+
+
 def full_message(parser: ReplyParser, text: str) -> dict:
     """The non-streamed `message` of a reply whose whole text is `text`."""
-    fields = parser.feed(text)
-    for key, value in parser.finish().items():
-        fields[key] = fields.get(key, type(value)()) + value
+    fields = merge_fields(parser.feed(text), parser.finish())
     message = {"role": "assistant", "content": fields.get("content", "")}
     if parser.has_reasoning:
         message["reasoning_content"] = fields.get("reasoning_content", "")
