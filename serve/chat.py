@@ -67,7 +67,8 @@ def _turn(i: int, m: ChatMessage) -> ChatTurn:
         raise bad_request(f"messages[{i}].role must be one of {ROLES}, got {m.role!r}", "messages")
     if m.tool_calls and m.role != "assistant":
         raise bad_request(f"messages[{i}]: only assistant messages have tool_calls", "messages")
-    content = _text(i, m.content)
+    # The encoding joins a tool result's text parts with a blank line.
+    content = _text(i, m.content, "\n\n" if m.role == "tool" else "\n")
     if content is None:
         if m.role != "assistant":
             raise bad_request(f"messages[{i}].content is required for role {m.role!r}", "messages")
@@ -78,7 +79,7 @@ def _turn(i: int, m: ChatMessage) -> ChatTurn:
                     m.tool_call_id if m.role == "tool" else None)
 
 
-def _text(i: int, content) -> str | None:
+def _text(i: int, content, separator: str) -> str | None:
     if not isinstance(content, list):
         return content
     texts = []
@@ -87,7 +88,7 @@ def _text(i: int, content) -> str | None:
             raise not_implemented(f"messages[{i}]: only text content parts are supported, got "
                                   f"{part.type!r}", "messages")
         texts.append(part.text)
-    return "\n".join(texts)
+    return separator.join(texts)
 
 
 def _history_call(where: str, call) -> ToolCall:

@@ -68,8 +68,11 @@ def test_openai_tool_call_loop(client, model_dir):
         json.loads(call.function.arguments)
     # The agent runs the tools and sends the results back, as the openai docs' loop does.
     messages.append(choice.message.model_dump(exclude_none=True))
-    results = {c.id: f"result of {c.function.name}" for c in calls}
-    messages += [{"role": "tool", "tool_call_id": cid, "content": text} for cid, text in results.items()]
+    results = {c.id: f"result of\n\n{c.function.name}" for c in calls}
+    # content parts, as some agents send them: a tool result's parts join with a blank line
+    messages += [{"role": "tool", "tool_call_id": cid,
+                  "content": [{"type": "text", "text": part} for part in text.split("\n\n")]}
+                 for cid, text in results.items()]
     second = client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS,
                                             temperature=0, max_tokens=8)
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
