@@ -34,7 +34,7 @@ def _fail(name: str, rule: str, value: object) -> None:
     raise SamplingParamsError(name, f"{name} must be {rule} (got {value!r})", value)
 
 
-STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass(slots=True)
@@ -43,7 +43,9 @@ class StructuredOutputsParams:
 
     json: a JSON schema (dict or its JSON text); regex: a regular expression; choice: the output is
     exactly one of these strings; grammar: an EBNF grammar (xgrammar's GBNF dialect); json_object:
-    any JSON object. Compiled against the model's vocabulary when the request is added.
+    any JSON object; structural_tag: an xgrammar structural tag (its JSON text; the server's forced
+    tool calls, serve/tool_choice.py). Compiled against the model's vocabulary when the request is
+    added.
     """
 
     json: dict | str | None = None
@@ -51,6 +53,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
         param = "structured_outputs"
@@ -61,7 +64,7 @@ class StructuredOutputsParams:
                        f"(got {set_kinds or 'none'})", set_kinds)
         if self.json is not None and not isinstance(self.json, (dict, str)):
             _fail(f"{param}.json", "a JSON schema (object or string)", self.json)
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 _fail(f"{param}.{name}", "a non-empty string", value)

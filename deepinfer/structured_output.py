@@ -62,6 +62,8 @@ class GrammarCompiler:
                 return self.compiler.compile_regex(params.regex)
             if kind == "choice":
                 return self.compiler.compile_grammar(_choice_grammar(list(params.choice)))
+            if kind == "structural_tag":
+                return self.compiler.compile_structural_tag(params.structural_tag)
             return self.compiler.compile_grammar(params.grammar)
         except (RuntimeError, ValueError, TypeError) as e:
             # xgrammar reports bad input as RuntimeError with its C++ location first.

@@ -488,7 +488,8 @@ BAD_REQUESTS = [
      "messages"),
     ("chat: content is a number", CHAT, {"messages": [{"role": "user", "content": 3}]}, None, 400,
      "messages"),
-    ("chat: tools", CHAT, {"messages": USER_MSG, "tools": [{"type": "function"}]}, None, 501, "tools"),
+    ("chat: tool without a function", CHAT, {"messages": USER_MSG, "tools": [{"type": "function"}]}, None,
+     400, "tools"),
     ("chat: max_tokens zero", CHAT, {"messages": USER_MSG, "max_tokens": 0}, None, 400, "max_tokens"),
     ("chat: wrong key", CHAT, {"messages": USER_MSG}, BAD_KEY, 401, None),
 ]

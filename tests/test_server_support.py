@@ -126,6 +126,17 @@ class ServerProcess:
         return m
 
 
+@contextlib.contextmanager
+def running_server(model_dir: Path, *extra: str):
+    """A ready ServerProcess, terminated on the way out (a module fixture's body)."""
+    srv = ServerProcess(model_dir, *extra)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.terminate()
+
+
 def metric_values(text: str) -> dict[str, float]:
     """{'sample{labels}': value} of a /metrics page, parsed by prometheus_client. The model_name
     label (the same on every sample) is left out; the others (finish reason, bucket bound) stay."""

@@ -32,13 +32,14 @@ def test_thinking_mode_opens_think_only_for_the_last_turn():
 
 
 def test_final_assistant_turn_is_continued_and_consecutive_users_share_a_reply():
+    # The encoding merges user turns in a row into one, joined by a blank line.
     turns = [ChatTurn("user", "a"), ChatTurn("user", "b"), ChatTurn("assistant", "par")]
-    assert render_chat(turns, add_bos=False) == f"{U}a{U}b{A}</think>par"
+    assert render_chat(turns, add_bos=False) == f"{U}a\n\nb{A}</think>par"
 
 
 def test_bad_role_and_empty_messages_are_rejected():
     with pytest.raises(ValueError, match="role"):
-        render_chat([ChatTurn("tool", "x")])
+        render_chat([ChatTurn("function", "x")])
     with pytest.raises(ValueError, match="at least one"):
         render_chat([])
 

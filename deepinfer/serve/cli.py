@@ -14,6 +14,7 @@ from deepinfer.logging_config import configure_logging
 from deepinfer.serve.app import build_app
 from deepinfer.serve.engine_loop import EngineLoop
 from deepinfer.serve.metrics import ServerMetrics
+from deepinfer.serve.reasoning import DEFAULT_REASONING_PARSER, REASONING_PARSERS
 from deepinfer.serve.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may finish after SIGTERM before they are aborted "
                         "(default: 30)")
+    p.add_argument("--reasoning-parser", default=DEFAULT_REASONING_PARSER, choices=REASONING_PARSERS,
+                   help="how thinking-mode replies are split into reasoning_content and content "
+                        f"(default: {DEFAULT_REASONING_PARSER}; none: the raw text is the content)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="log level of the server, the engine and uvicorn (default: DEEPINFER_LOG_LEVEL "
                         "for the deepinfer loggers, the server's included; info for uvicorn)")
@@ -119,5 +123,6 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     server_config = ServerConfig(
         served_model_name=args.served_model_name or args.model, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, shutdown_timeout=args.shutdown_timeout,
-        max_pending=args.max_pending, created=int(time.time()))
+        max_pending=args.max_pending, created=int(time.time()),
+        reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser)
     return engine_config, server_config

@@ -2,6 +2,7 @@
 
 Unknown fields are accepted and ignored, as vLLM does (clients send vendor extras); wrong types
 are 400s, not coerced ("16" is not an integer). Parameters we do not implement answer 501.
+Chat `tools` / `tool_choice` are checked by serve/tool_choice.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 from deepinfer.serve.errors import APIError, bad_request, not_implemented
 from deepinfer.serve.structured_fields import structured_outputs_params
+from deepinfer.serve.tool_choice import ToolSpec, tool_spec
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +165,7 @@ class ChatMessage(_Body):
     name: str | None = None
     reasoning_content: str | None = None
     tool_calls: list | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -173,14 +176,14 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict | None = None  # {"thinking": bool}: DeepSeek V4 thinking mode
 
     def check(self) -> None:
         self.check_common()
         if not self.messages:
             raise bad_request("messages must contain at least one message", "messages")
-        if self.tools:
-            raise not_implemented("tools are not supported", "tools")
+        self.tool_spec()
         for limit in ("max_tokens", "max_completion_tokens"):
             value = getattr(self, limit)
             if value is not None and value < 1:
@@ -191,6 +194,13 @@ class ChatCompletionRequest(_SamplingFields):
             # checked here: SamplingParams would name its own field (logprobs), not the chat one
             raise bad_request(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got "
                               f"{self.top_logprobs}", "top_logprobs")
+
+    def tool_spec(self) -> ToolSpec | None:
+        spec = tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if spec is not None and spec.forced and self.structured_outputs_params() is not None:
+            raise bad_request(f"tool_choice {spec.choice} constrains the reply; it cannot be combined "
+                              f"with a structured output constraint", "tool_choice")
+        return spec
 
     @property
     def max_new_tokens(self) -> int | None:

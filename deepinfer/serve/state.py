@@ -18,6 +18,9 @@ class ServerConfig:
     shutdown_timeout: float = 30.0  # seconds in-flight requests may finish after SIGTERM
     max_pending: int = 0  # engine requests in flight before new ones get 503; 0 = unlimited
     created: int = 0  # /v1/models timestamp
+    # Splits thinking-mode replies into reasoning_content and content (serve/reasoning.py);
+    # None: the raw text is the content.
+    reasoning_parser: str | None = "deepseek_v4"
 
     def __post_init__(self):
         if not isinstance(self.served_model_name, str) or not self.served_model_name:
@@ -28,6 +31,8 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout!r}")
+        if self.reasoning_parser not in (None, "deepseek_v4"):
+            raise ValueError(f"reasoning_parser must be deepseek_v4 or None, got {self.reasoning_parser!r}")
         if not isinstance(self.max_pending, int) or self.max_pending < 0:
             raise ValueError(f"max_pending must be an integer >= 0 (0 = unlimited), got {self.max_pending!r}")
 
