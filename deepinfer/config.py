@@ -187,6 +187,8 @@ class ModelConfig:
         """Read `path/config.json` (or `path` itself if it is a file)."""
         path = os.fspath(path)
         file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        if not os.path.exists(path):
+            raise ValueError(f"config.json not found: the model directory {path!r} does not exist")
         if not os.path.isfile(file):
             raise ValueError(f"config.json not found at {file}")
         with open(file, encoding="utf-8") as f:

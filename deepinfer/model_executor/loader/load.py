@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import safe_open
 from tqdm import tqdm
 
 from deepinfer.model_executor.loader.decode import decode, raw_codes
 from deepinfer.model_executor.loader.formats import check_shape, is_fp32_tensor
 from deepinfer.model_executor.loader.names import canonical_names
 from deepinfer.model_executor.loader.plan import expected_spec, plan_items
-from deepinfer.model_executor.loader.scan import block_hint, scan
+from deepinfer.model_executor.loader.scan import block_hint, open_safetensors, scan
 
 
 def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torch.dtype | None = None,
@@ -46,7 +45,7 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
         for item in items:
             for st in (item.src, item.scale):
                 if st is not None and st.file not in handles:
-                    handles[st.file] = safe_open(str(model_dir / st.file), framework="pt")
+                    handles[st.file] = open_safetensors(model_dir / st.file)
             f_scale = handles[item.scale.file] if item.scale else None
             if item.raw:
                 codes, exps = raw_codes(item, handles[item.src.file], f_scale, hint)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -36,6 +36,16 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def open_safetensors(path: Path):
+    """safe_open, with a damaged file named: a truncated download or copy fails the header check
+    (the data offsets must cover the file), which safetensors reports without the file's name."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except SafetensorError as e:
+        raise ValueError(f"{path}: the safetensors file is incomplete or corrupt ({e}); copy or download it "
+                         f"again") from None
+
+
 def scan(model_dir: Path) -> dict[str, Stored]:
     index_path = model_dir / INDEX_FILE
     if index_path.is_file():
@@ -55,7 +65,7 @@ def scan(model_dir: Path) -> dict[str, Stored]:
         path = model_dir / fname
         if not path.is_file():
             raise ValueError(f"{INDEX_FILE} lists shard {fname!r}, which does not exist in {model_dir}")
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             for key in f.keys():
                 if weight_map is not None and weight_map.get(key) != fname:
                     continue  # the index decides which shard holds a tensor
