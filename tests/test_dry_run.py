@@ -19,7 +19,8 @@ from deepinfer.distributed.parallel_layout import ParallelLayout
 from deepinfer.tools import dry_run as dr
 from deepinfer.tools import memory_report as mr
 from deepinfer.model_executor.loader import is_fp32_tensor
-from deepinfer.model_executor.tiny_checkpoint import tensor_shapes, v41_tiny_config
+from deepinfer.model_executor.checkpoint_schema import tensor_shapes
+from deepinfer.model_executor.tiny_checkpoint import v41_tiny_config
 from model_helpers import tiny_config
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,7 +13,8 @@ formats.py (stored formats and shape checks), plan.py (the load plan), decode.py
 (the entry points).
 """
 
-from deepinfer.model_executor.loader.formats import is_fp32_tensor, stored_formats
+from deepinfer.model_executor.checkpoint_formats import is_fp32_tensor
+from deepinfer.model_executor.loader.formats import stored_formats
 from deepinfer.model_executor.loader.load import load_checkpoint, load_weights
 from deepinfer.model_executor.loader.names import tf_to_canonical
 

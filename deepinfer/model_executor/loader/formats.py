@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from deepinfer.model_executor.checkpoint_formats import is_engram_table, is_fp32_tensor
 from deepinfer.model_executor.layers.quant import infer_block_size
 from deepinfer.model_executor.loader.names import bind_scales, canonical_names
 from deepinfer.model_executor.loader.scan import Stored, block_hint, dtype_name, scan
@@ -16,13 +17,6 @@ from deepinfer.model_executor.loader.scan import Stored, block_hint, dtype_name,
 ENGRAM_ROW_ALIGN = 256  # DI pads Engram tables to a multiple of 256 rows (engram_parameters.py)
 
 EXPERT_STACK = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")   # transformers' stacked experts
-
-
-def is_fp32_tensor(name: str) -> bool:
-    """Tensors kept in fp32 whatever the compute dtype (docs/model.md §2.1)."""
-    leaf = name.rsplit(".", 1)[-1]
-    return (leaf.startswith("hc_") and leaf.endswith(("_fn", "_base", "_scale"))) or leaf == "attn_sink" \
-        or name.endswith(("ffn.gate.bias", "ffn.gate.bias_vl"))
 
 
 def storage_kind(name: str, st: Stored, scale: Stored | None, exp_dtype: torch.dtype) -> str:
@@ -128,7 +122,7 @@ def stored_formats(model_dir: str | Path) -> dict:
             if EXPERT_STACK.search(name):
                 continue
             block = infer_block_size(st.shape, sc.shape, hint)
-            table = name.endswith("engram.embed.weight")
+            table = is_engram_table(name)
             if table and block[0] != 1:
                 continue
             out[name] = WeightFormat("fp8_table" if table else "fp8", block)

@@ -10,8 +10,9 @@ from typing import Any, Mapping
 import torch
 from tqdm import tqdm
 
+from deepinfer.model_executor.checkpoint_formats import is_fp32_tensor
 from deepinfer.model_executor.loader.decode import decode, raw_codes
-from deepinfer.model_executor.loader.formats import check_shape, is_fp32_tensor
+from deepinfer.model_executor.loader.formats import check_shape
 from deepinfer.model_executor.loader.names import canonical_names
 from deepinfer.model_executor.loader.plan import expected_spec, plan_items
 from deepinfer.model_executor.loader.scan import block_hint, open_safetensors, scan
@@ -22,7 +23,7 @@ def load_weights(model_dir: str | Path, expected: Mapping[str, Any], dtype: torc
     """Read, rename and dequantize a checkpoint into {canonical name: dense tensor}.
 
     expected: canonical name -> anything with `.shape` and `.dtype` (a tensor, a meta tensor, or a
-    `(shape, dtype)` tuple such as `tiny_checkpoint.expected_tensor_specs(cfg)`).
+    `(shape, dtype)` tuple such as `checkpoint_schema.expected_tensor_specs(cfg)`).
     dtype: output dtype of float tensors; the fp32 tensors of docs/model.md §2.1 stay fp32. None keeps
     each expected tensor's own dtype. Integer tensors (tid2eid) take the expected dtype.
     plan: a rank's ShardPlan: only its slices and experts are read (get_slice), never a whole sharded

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from deepinfer.model_executor.checkpoint_formats import is_engram_table, routed_expert
 from deepinfer.model_executor.loader.formats import (check_shape, dense_of_packed, dense_shape, engram_rows,
                                                      storage_kind)
 from deepinfer.model_executor.loader.names import bind_scales
@@ -18,7 +19,7 @@ from deepinfer.model_executor.loader.scan import Stored, dtype_name
 # (docs/model.md §2.2, §8 item 5), as are the tied mtp embed/head copies.
 _MTP_OPTIONAL = re.compile(r"^mtp\.\d+\.(main_proj\.|main_norm\.|markov_head\.|confidence_head\.|norm\.|hc_head_|"
                            r"embed\.weight$|head\.weight$)")
-_EXPERT = re.compile(r"^((?:layers|mtp)\.\d+)\.ffn\.experts\.(\d+)\.(w[123])\.weight$")
+_EXPERT_LEAVES = ("w1.weight", "w2.weight", "w3.weight")   # the per-expert names a stacked TF tensor splits into
 
 
 @dataclass
@@ -73,7 +74,7 @@ def plan_items(names: dict[str, Stored], expected: dict[str, tuple[tuple, torch.
                     raise ValueError(f"tensor {name!r}: no sliced form of a packed fp4 weight")
                 full = {c.dim: c.full for c in cuts}
                 dense_exp = tuple(full.get(d, n) for d, n in enumerate(dense_exp))
-            if name.endswith("engram.embed.weight"):
+            if is_engram_table(name):
                 fix = engram_rows(name, found, dense_exp, exp_dtype, st)
             else:
                 check_shape(name, found, dense_exp, exp_dtype, st)
@@ -83,10 +84,11 @@ def plan_items(names: dict[str, Stored], expected: dict[str, tuple[tuple, torch.
                 item.scale_outputs.append((name[: -len(".weight")] + ".scale", fix))
             items.append(item)
             continue
-        m = _EXPERT.match(name)
+        expert_of = routed_expert(name)
         key = None
-        if m is not None:
-            key = f"{m.group(1)}.ffn.experts.{'down_proj' if m.group(3) == 'w2' else 'gate_up_proj'}"
+        if expert_of is not None and expert_of[2] in _EXPERT_LEAVES:
+            block, expert, which = expert_of[0], expert_of[1], expert_of[2][: -len(".weight")]
+            key = f"{block}.ffn.experts.{'down_proj' if which == 'w2' else 'gate_up_proj'}"
         if key is None or key not in tensors:
             missing.append(f"{name!r} (shape {tuple(exp_shape)} dtype {dtype_name(exp_dtype)})")
             continue
@@ -99,7 +101,6 @@ def plan_items(names: dict[str, Stored], expected: dict[str, tuple[tuple, torch.
             stacked[key] = item
             items.append(item)
         found = dense_shape(key, st, sc, item.fmt, hint)
-        expert, which = int(m.group(2)), m.group(3)
         row = expert - (item.experts.start if item.experts is not None else 0)   # in the rows read
         if raw:
             exp_shape = dense_of_packed(exp_shape, item.fmt)
@@ -126,7 +127,7 @@ def plan_items(names: dict[str, Stored], expected: dict[str, tuple[tuple, torch.
 
     for key, item in stacked.items():
         n_experts = item.src.shape[0]
-        got = {int(_EXPERT.match(n).group(2)) for n, _ in item.outputs}
+        got = {routed_expert(n)[1] for n, _ in item.outputs}
         if item.experts is not None:   # a rank of an EP group: the file holds every expert, we read ours
             if n_experts != plan.moe_size(key) or got != set(item.experts):
                 raise ValueError(f"tensor {key!r}: stacked {n_experts} experts, the model has "
