@@ -59,6 +59,10 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     from transformers import PreTrainedTokenizerFast
 
     path = Path(model_dir)
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is not a directory"
+        raise FileNotFoundError(f"model directory {str(path)!r} {what} (a deepinfer model path is a checkpoint "
+                                f"directory: config.json, safetensors, {' and '.join(TOKENIZER_FILES)})")
     missing = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{path} has no {', '.join(missing)}; a deepinfer checkpoint directory "

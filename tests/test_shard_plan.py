@@ -8,6 +8,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.parallel_layout import ParallelLayout
 from deepinfer.model_executor import loader
+from deepinfer.model_executor.loader import decode as loader_decode
 from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs, step_to
 from deepinfer.model_executor.layers import ep_moe
 from deepinfer.model_executor.layers.kernel_table import KernelTable
@@ -62,12 +63,12 @@ def test_a_rank_loads_exactly_its_slices_and_reads_nothing_else(tiny_v41_l4_dir,
     cfg = ModelConfig.from_pretrained(ckpt)
     whole = build_model(cfg, str(ckpt), torch.float32, progress=False, weight_format=fmt).state_dict()
     reads = []
-    real = loader.read_slice
+    real = loader_decode.read_slice
 
     def spy(f, key, ndim, region):
         reads.append((key, dict(region)))
         return real(f, key, ndim, region)
-    monkeypatch.setattr(loader, "read_slice", spy)
+    monkeypatch.setattr(loader_decode, "read_slice", spy)
     layout = ParallelLayout(rank=1, cp=4, ep=4, attn_tp=4)   # head 1: half of group 0; experts 2, 3
     plan = ShardPlan(cfg, layout)
     # the groups of a rank without a process group: same shapes, identity collectives
@@ -160,8 +161,8 @@ def test_stacked_transformers_experts_and_sinks_read_only_this_ranks_rows(tmp_pa
                          f"layers.0.ffn.experts.{e}.w3.weight": ((I, D), f32),
                          f"layers.0.ffn.experts.{e}.w2.weight": ((D, I), f32)})
     reads = []
-    real = loader.read_slice
-    monkeypatch.setattr(loader, "read_slice", lambda f, key, ndim, region: reads.append((key, region))
+    real = loader_decode.read_slice
+    monkeypatch.setattr(loader_decode, "read_slice", lambda f, key, ndim, region: reads.append((key, region))
                         or real(f, key, ndim, region))
     out = loader.load_weights(tmp_path, expected, progress=False, plan=plan)
     assert torch.equal(out["layers.0.attn.attn_sink"], sinks[2:])

@@ -1,4 +1,5 @@
-"""Tiny checkpoints (docs/model.md §7): layout, formats, counts, loading, and transformers on the V4 one."""
+"""Tiny checkpoints (docs/model.md §7): layout, formats, counts (from the checkpoint schema), loading, and
+transformers on the V4 one."""
 
 import importlib.util
 import json
@@ -11,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from deepinfer.config import ModelConfig
+from deepinfer.model_executor import checkpoint_schema as cs
 from deepinfer.model_executor import tiny_checkpoint as tc
 from deepinfer.model_executor.loader import load_weights
 
@@ -74,18 +76,18 @@ def test_v41_files_and_config(v41_dir):
 
 def test_v41_parameter_counts():
     cfg = ModelConfig.from_dict(tc.v41_tiny_config())
-    shapes = tc.tensor_shapes(cfg)
+    shapes = cs.tensor_shapes(cfg)
     backbone = sum(math.prod(s) for k, s in shapes.items() if not k.startswith("mtp."))
     assert backbone == 77_547_344  # docs/model.md §7.2
-    assert tc.count_parameters(cfg) == 87_398_516
-    assert tc.engram_table_primes(cfg) == {1: [[1009, 1013], [1019, 1021]], 3: [[1031, 1033], [1039, 1049]]}
-    assert tc.engram_table_rows(cfg) == {1: 4062, 3: 4152}
+    assert cs.count_parameters(cfg) == 87_398_516
+    assert cs.engram_table_primes(cfg) == {1: [[1009, 1013], [1019, 1021]], 3: [[1031, 1033], [1039, 1049]]}
+    assert cs.engram_table_rows(cfg) == {1: 4062, 3: 4152}
 
 
 def test_v4_parameter_count():
     cfg = ModelConfig.from_dict(tc.v4_tiny_config())
-    assert tc.count_parameters(cfg, include_buffers=False) == 73_432_545  # docs/model.md §7.1 (TF count)
-    assert tc.count_parameters(cfg) == 73_432_545 + 4 * 8  # + gate.bias of the 4 non-hash layers
+    assert cs.count_parameters(cfg, include_buffers=False) == 73_432_545  # docs/model.md §7.1 (TF count)
+    assert cs.count_parameters(cfg) == 73_432_545 + 4 * 8  # + gate.bias of the 4 non-hash layers
 
 
 def test_v41_storage_formats(v41_dir):
@@ -118,14 +120,14 @@ def test_v41_storage_formats(v41_dir):
 
 def test_v41_loads_close_to_master_weights(v41_dir):
     cfg = ModelConfig.from_pretrained(v41_dir)
-    specs = tc.expected_tensor_specs(cfg, torch.float32)
+    specs = cs.expected_tensor_specs(cfg, torch.float32)
     out = load_weights(v41_dir, specs, progress=False)
     assert set(out) == set(specs)
-    shapes = tc.tensor_shapes(cfg)
+    shapes = cs.tensor_shapes(cfg)
     bounds = {"f32": 0.0, "bf16": 0.005, "fp8": 0.04, "table": 0.04, "fp4": 0.15}
     seen = set()
     for name in shapes:
-        fmt = tc.tensor_format(cfg, name)
+        fmt = cs.tensor_format(cfg, name)
         if fmt in seen and not name.startswith("mtp."):
             continue  # one tensor per format, plus the draft layers
         seen.add(fmt)
@@ -148,7 +150,7 @@ def test_v4_fp8_variant_matches_unquantized(v4q_dir, v4u_dir):
     assert h["layers.0.ffn.gate.tid2eid"][:2] == ("I32", (129280, 2))
     assert h["layers.1.attn.compressor.ape"][0] == "F32" and h["layers.1.attn.compressor.wkv.weight"][0] == "BF16"
     assert _headers(v4u_dir)["layers.0.ffn.gate.tid2eid"][0] == "I64"
-    specs = tc.expected_tensor_specs(cfg_q, torch.float32)
+    specs = cs.expected_tensor_specs(cfg_q, torch.float32)
     q = load_weights(v4q_dir, specs, progress=False)
     u = load_weights(v4u_dir, specs, progress=False)
     assert torch.equal(q["layers.0.ffn.gate.tid2eid"], u["layers.0.ffn.gate.tid2eid"])
@@ -200,7 +202,7 @@ def test_transformers_loads_v4_without_missing_keys(v4u_dir, tmp_path):
     # transformers' own names (its state_dict) load through the §2.3 mapping to the same tensors
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
     cfg = ModelConfig.from_pretrained(v4u_dir)
-    specs = tc.expected_tensor_specs(cfg, torch.float32)
+    specs = cs.expected_tensor_specs(cfg, torch.float32)
     from_tf = load_weights(tmp_path, specs, progress=False)
     official = load_weights(v4u_dir, specs, progress=False)
     for name in specs:

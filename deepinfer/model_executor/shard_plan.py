@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from deepinfer.distributed.parallel_layout import ParallelLayout
+from deepinfer.model_executor.checkpoint_formats import routed_expert
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,6 @@ def expert_range(n_experts: int, ep_size: int, ep_rank: int) -> range:
 
 _ATTN = re.compile(r"^((?:layers|mtp)\.\d+)\.attn\.(wq_b\.weight|wq_b\.scale|attn_sink|wo_a\.weight|wo_a\.scale|"
                    r"wo_b\.weight|wo_b\.scale)$")
-_EXPERT = re.compile(r"^((?:layers|mtp)\.\d+)\.ffn\.experts\.(\d+)\.")
 
 
 class ShardPlan:
@@ -99,10 +99,10 @@ class ShardPlan:
 
     def holds(self, name: str) -> bool:
         """False for a routed expert's tensor that another EP rank holds."""
-        m = _EXPERT.match(name)
-        if m is None or self.layout.ep == 1:
+        expert = routed_expert(name)
+        if expert is None or self.layout.ep == 1:
             return True
-        return int(m.group(2)) in self.moe_experts(name)
+        return expert[1] in self.moe_experts(name)
 
     def cuts(self, name: str) -> tuple[Cut, ...]:
         """The dense-coordinate cuts of a canonical weight this rank holds a slice of (() = whole)."""

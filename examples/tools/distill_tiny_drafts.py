@@ -193,7 +193,8 @@ def write_checkpoint(src: str, dst: str, model) -> int:
     """Copy `src` to `dst` with every mtp.* tensor replaced by the model's, in the stored format."""
     from safetensors.torch import load_file, save_file
 
-    from deepinfer.model_executor.tiny_checkpoint import _stored_tensors, tensor_format
+    from deepinfer.model_executor.checkpoint_schema import tensor_format
+    from deepinfer.model_executor.tiny_checkpoint import stored_tensors
     cfg = model.cfg
     if os.path.abspath(src) != os.path.abspath(dst):
         shutil.copytree(src, dst, dirs_exist_ok=True)
@@ -205,8 +206,8 @@ def write_checkpoint(src: str, dst: str, model) -> int:
         path = os.path.join(dst, shard)
         tensors = load_file(path)
         for name in [k for k in tensors if k.startswith("mtp.") and k in state]:
-            stored = _stored_tensors(cfg, name, state[name], tensor_format(cfg, name, quantized),
-                                     torch.float32, block)
+            stored = stored_tensors(cfg, name, state[name], tensor_format(cfg, name, quantized),
+                                    torch.float32, block)
             for k, v in stored.items():
                 assert k in tensors, f"{k}: not in {shard}"
                 tensors[k] = v.contiguous()

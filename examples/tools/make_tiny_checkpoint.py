@@ -13,7 +13,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from deepinfer.config import ModelConfig  # noqa: E402
-from deepinfer.model_executor.tiny_checkpoint import count_parameters, make_tiny_checkpoint  # noqa: E402
+from deepinfer.model_executor.checkpoint_schema import count_parameters  # noqa: E402
+from deepinfer.model_executor.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from deepinfer.distributed.groups import ParallelGroups
+from deepinfer.model_executor.checkpoint_formats import FP8, stored_as
 from deepinfer.model_executor.forward_meta import StepInputs
 from deepinfer.model_executor.layers.kernel_table import KernelTable
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
@@ -120,7 +121,7 @@ class DraftHeads(nn.Module):
         super().__init__()
         dim, r_m, v = cfg.hidden_size, cfg.dspark_markov_rank, cfg.vocab_size
         if with_main:
-            self.main_proj = linear(dim * len(cfg.dspark_target_layer_ids), dim, dtype)
+            self.main_proj = stored_as(FP8, linear(dim * len(cfg.dspark_target_layer_ids), dim, dtype))
             self.main_norm = Norm(dim, dtype)
         if with_heads:
             self.markov_head = nn.Module()

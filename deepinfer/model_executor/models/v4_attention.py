@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from deepinfer.distributed import comm
+from deepinfer.model_executor.checkpoint_formats import F32, FP8, stored_as
 from deepinfer.model_executor.layers.compressor import gather_overlap_slots
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
 from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
@@ -35,6 +36,8 @@ class Compressor(nn.Module):
         self.wkv = linear(dim, mult * width, dtype)
         self.wgate = linear(dim, mult * width, dtype) if gated else None
         self.ape = nn.Parameter(torch.zeros(ratio, mult * width, dtype=dtype)) if ape else None
+        if ape:
+            stored_as(F32, self, "ape")   # TF keeps position_bias in fp32; the model adds it in its dtype
         self.norm = Norm(out_norm, dtype)
 
     def project(self, h: torch.Tensor, positions: torch.Tensor, fp32_out: bool) -> torch.Tensor:
@@ -53,7 +56,7 @@ class Indexer(nn.Module):
     def __init__(self, cfg, layer: int, dtype):
         super().__init__()
         n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
-        self.wq_b = linear(cfg.q_lora_rank, n_i * d_i, dtype)
+        self.wq_b = stored_as(FP8, linear(cfg.q_lora_rank, n_i * d_i, dtype))
         self.weights_proj = linear(cfg.hidden_size, n_i, dtype)
         if cfg.is_v41:
             if cfg.index_k_source_map[layer] == layer:
@@ -78,13 +81,14 @@ class Attention(nn.Module):
         self.n_groups = cfg.o_groups if heads is None else heads.groups
         group_in = cfg.num_heads * d // cfg.o_groups if heads is None else heads.cols
         self.lane = lane
-        self.wq_a = linear(cfg.hidden_size, cfg.q_lora_rank, dtype)
+        # the projections upstream DeepInfer builds with use_fp8_gemm are stored fp8 (docs/model.md §2.1)
+        self.wq_a = stored_as(FP8, linear(cfg.hidden_size, cfg.q_lora_rank, dtype))
         self.q_norm = Norm(cfg.q_lora_rank, dtype)
-        self.wq_b = linear(cfg.q_lora_rank, self.n_heads * d, dtype)
-        self.wkv = linear(cfg.hidden_size, d, dtype)
+        self.wq_b = stored_as(FP8, linear(cfg.q_lora_rank, self.n_heads * d, dtype))
+        self.wkv = stored_as(FP8, linear(cfg.hidden_size, d, dtype))
         self.kv_norm = Norm(d, dtype)
-        self.wo_a = linear(group_in, self.n_groups * cfg.o_lora_rank, dtype)
-        self.wo_b = linear(self.n_groups * cfg.o_lora_rank, cfg.hidden_size, dtype)
+        self.wo_a = stored_as(FP8, linear(group_in, self.n_groups * cfg.o_lora_rank, dtype))
+        self.wo_b = stored_as(FP8, linear(self.n_groups * cfg.o_lora_rank, cfg.hidden_size, dtype))
         self.attn_sink = f32_param(self.n_heads)
         self.ratio = 0 if draft else cfg.compress_ratios[layer]
         self.rope_kind = "main" if self.ratio == 0 else "compress"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from deepinfer.model_executor.checkpoint_formats import FP4, FP8, TABLE, stored_as
 from deepinfer.model_executor.layers.engram import engram_embed
 from deepinfer.model_executor.layers.ep_moe import ep_routed_experts
 from deepinfer.model_executor.layers.moe import route, swiglu
@@ -13,11 +14,12 @@ from deepinfer.model_executor.models.v4_common import StepContext, f32_param, li
 
 
 class Expert(nn.Module):
-    def __init__(self, dim: int, inter: int, dtype):
+    def __init__(self, dim: int, inter: int, dtype, stored: str):
+        """stored: the checkpoint format of its three projections (fp4 routed, fp8 shared experts)."""
         super().__init__()
-        self.w1 = linear(dim, inter, dtype)
-        self.w2 = linear(inter, dim, dtype)
-        self.w3 = linear(dim, inter, dtype)
+        self.w1 = stored_as(stored, linear(dim, inter, dtype))
+        self.w2 = stored_as(stored, linear(inter, dim, dtype))
+        self.w3 = stored_as(stored, linear(dim, inter, dtype))
 
 
 class Gate(nn.Module):
@@ -56,8 +58,8 @@ class MoE(nn.Module):
         held = range(self.n_experts) if experts is None else experts
         self.expert_start, self.n_local = held.start, len(held)
         self.ep, self.tokens_replicated = ep, tokens_replicated
-        self.experts = ExpertDict({str(e): Expert(cfg.hidden_size, cfg.moe_inter_size, dtype) for e in held})
-        self.shared_experts = Expert(cfg.hidden_size, cfg.moe_inter_size * max(1, cfg.n_shared_experts), dtype)
+        self.experts = ExpertDict({str(e): Expert(cfg.hidden_size, cfg.moe_inter_size, dtype, FP4) for e in held})
+        self.shared_experts = Expert(cfg.hidden_size, cfg.moe_inter_size * max(1, cfg.n_shared_experts), dtype, FP8)
         # The kernels read the held experts stacked: [E, 2I, D] (gate rows first) and [E, D, I], or their
         # packed fp4 codes and exponents. Non-persistent buffers: not checkpoint tensors, but moved by
         # model.to(device) like the weights. `pack` builds them and makes each expert's own tensors
@@ -146,11 +148,11 @@ class Engram(nn.Module):
         self.cfg, self.layer, self.spec = cfg, layer, spec
         n_hc, dim = cfg.hc_mult, cfg.hidden_size
         n_embed = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim
-        self.embed = nn.Module()  # the table is named `engram.embed.weight` in the checkpoint
+        self.embed = stored_as(TABLE, nn.Module())  # the table is named `engram.embed.weight` in the checkpoint
         self.embed.weight = nn.Parameter(torch.zeros(rows, cfg.engram_head_dim, dtype=dtype))
         self.q_weight = nn.Parameter(torch.ones(n_hc, dim, dtype=dtype))
         self.k_weight = nn.Parameter(torch.ones(n_hc, dim, dtype=dtype))
-        self.wkv = linear(n_embed, (n_hc + 1) * dim, dtype)
+        self.wkv = stored_as(FP8, linear(n_embed, (n_hc + 1) * dim, dtype))
 
     def forward(self, x: torch.Tensor, ctx: StepContext, rows: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, PackedFp8Table):

@@ -5,8 +5,8 @@ and sums bytes by component:
 
 - resident: numel * element_size of every parameter and buffer the model holds, whatever its name
   (a packed `<linear>.weight_codes` counts as much as a dense `<linear>.weight`);
-- checkpoint: every canonical tensor (docs/model.md §2.2, `tiny_checkpoint.tensor_shapes`) in the format
-  the checkpoint stores it (docs/model.md §2.1, `tiny_checkpoint.tensor_format`): fp8 e4m3 codes plus one
+- checkpoint: every canonical tensor (docs/model.md §2.2, `checkpoint_schema.tensor_shapes`) in the format
+  the checkpoint stores it (docs/model.md §2.1, `checkpoint_schema.tensor_format`): fp8 e4m3 codes plus one
   scale per weight block, fp4 e2m1 experts two per byte plus one ue8m0 byte per 32 inputs, the fp8
   Engram table plus one ue8m0 byte per 32 values of a row, fp32 for the §2.1 fp32 tensors, bf16 (or
   the config dtype when unquantized) for the rest.
@@ -18,15 +18,15 @@ tensor and its scale (`X.weight`, `X.scale`, `X.weight_codes`, ...) land in the 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import asdict, dataclass
-from unittest import mock
 
 import torch
 from torch import nn
 
-from deepinfer.model_executor.loader import is_fp32_tensor
+from deepinfer.model_executor.checkpoint_formats import BF16, DENSE, F32, FP4, FP8, INT, TABLE
+from deepinfer.model_executor.checkpoint_schema import (expected_tensor_specs, no_weight_init, tensor_format,
+                                                        tensor_shapes)
 
 COMPONENTS = ("attention_linears", "shared_expert", "routed_experts", "embed_head", "engram_tables",
               "other_linears", "norms_hc_other")
@@ -118,18 +118,17 @@ def config_weight_formats(cfg, fmt: CheckpointFormat | None = None) -> dict:
     """Canonical weight name -> WeightFormat of what weight_format="packed" keeps packed, from the
     config's checkpoint format (the engine reads the same from the files: loader.stored_formats)."""
     from deepinfer.model_executor.layers.packed_weights import WeightFormat
-    from deepinfer.model_executor.tiny_checkpoint import tensor_format, tensor_shapes
     fmt = fmt or checkpoint_format(cfg)
     if not fmt.quantized or fmt.fp8_scale_bytes != 1:   # float scales load dense
         return {}
     out = {}
     for name in tensor_shapes(cfg):
         kind = tensor_format(cfg, name, True)
-        if kind == "fp8":
+        if kind == FP8:
             out[name] = WeightFormat("fp8", fmt.fp8_block)
-        elif kind == "fp4" and fmt.expert_dtype == "fp4":
+        elif kind == FP4 and fmt.expert_dtype == "fp4":
             out[name] = WeightFormat("fp4", (1, 32))
-        elif kind == "table":
+        elif kind == TABLE:
             out[name] = WeightFormat("fp8_table", (1, 32))
     return out
 
@@ -181,29 +180,27 @@ def _fp4_bytes(shape: tuple, group: int = 32) -> int:
 
 def checkpoint_tensor_bytes(cfg, name: str, shape: tuple, fmt: CheckpointFormat) -> int:
     """Bytes of one canonical tensor (its dense shape) as the checkpoint stores it, scales included."""
-    from deepinfer.model_executor.tiny_checkpoint import tensor_format
     kind = tensor_format(cfg, name, fmt.quantized)
     n = math.prod(shape)
-    if kind == "int":  # tid2eid: int64 unquantized, int32 in the quantized release (as the tiny writer)
+    if kind == INT:  # tid2eid: int64 unquantized, int32 in the quantized release (as the tiny writer)
         return n * (4 if fmt.quantized else 8)
-    if kind == "f32":
+    if kind == F32:
         return n * 4
-    if kind == "dense":
+    if kind == DENSE:
         return n * _ELEMENT_BYTES[fmt.dense_dtype]
-    if kind == "bf16":
+    if kind == BF16:
         return n * 2
-    if kind == "fp4":
+    if kind == FP4:
         return _fp4_bytes(shape) if fmt.expert_dtype == "fp4" else _fp8_bytes(shape, fmt.fp8_block,
                                                                                fmt.fp8_scale_bytes)
-    if kind == "fp8":
+    if kind == FP8:
         return _fp8_bytes(shape, fmt.fp8_block, fmt.fp8_scale_bytes)
-    if kind == "table":  # e4m3 rows, one ue8m0 byte per 32 values of a row
+    if kind == TABLE:  # e4m3 rows, one ue8m0 byte per 32 values of a row
         return _fp8_bytes(shape, (1, 32), 1)
     raise ValueError(f"tensor {name!r}: unknown checkpoint format {kind!r}")
 
 
 def checkpoint_bytes(cfg, fmt: CheckpointFormat | None = None) -> dict[str, int]:
-    from deepinfer.model_executor.tiny_checkpoint import tensor_shapes
     fmt = fmt or checkpoint_format(cfg)
     counts = empty_counts()
     for name, shape in tensor_shapes(cfg).items():
@@ -214,29 +211,15 @@ def checkpoint_bytes(cfg, fmt: CheckpointFormat | None = None) -> dict[str, int]
 def dense_canonical_bytes(cfg, dtype: torch.dtype) -> dict[str, int]:
     """Bytes of the canonical tensors as the loader returns them dense: §2.1 fp32 tensors in fp32,
     tid2eid int64, everything else in `dtype` (the model's form before packed weights)."""
-    from deepinfer.model_executor.tiny_checkpoint import tensor_shapes
-    size = torch.empty((), dtype=dtype).element_size()
     counts = empty_counts()
-    for name, shape in tensor_shapes(cfg).items():
-        per = 8 if name.endswith("tid2eid") else 4 if is_fp32_tensor(name) else size
-        counts[component_of(name)] += math.prod(shape) * per
+    for name, (shape, held) in expected_tensor_specs(cfg, dtype).items():
+        counts[component_of(name)] += math.prod(shape) * held.itemsize
     return _with_total(counts)
 
 
 # ---------------------------------------------------------------------------------------------
 # meta build and report
 # ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _no_init():
-    """Meta tensors hold no values, so nn.Linear / nn.Embedding random init is pure overhead
-    (about 10 s of dispatch for the 48k linears of V4.1-Flash); make those init calls no-ops."""
-    def keep(t, *args, **kwargs):
-        return t
-    with mock.patch.object(nn.init, "kaiming_uniform_", keep), mock.patch.object(nn.init, "uniform_", keep), \
-            mock.patch.object(nn.init, "normal_", keep):
-        yield
 
 
 def build_meta_model(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, post_load: bool = False,
@@ -247,7 +230,7 @@ def build_meta_model(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, po
     from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
     if weight_format not in ("packed", "dense"):
         raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
-    with torch.device("meta"), _no_init():
+    with torch.device("meta"), no_weight_init():
         model = DeepseekV4Model(cfg, dtype, platform=platform)
         if weight_format == "packed":
             model.use_weight_formats(config_weight_formats(cfg, fmt))

@@ -41,7 +41,8 @@ from torch.utils._pytree import tree_leaves
 from deepinfer.distributed import comm
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.parallel_layout import ParallelLayout
-from deepinfer.model_executor import memory_report as mr
+from deepinfer.model_executor.checkpoint_schema import no_weight_init
+from deepinfer.tools import memory_report as mr
 
 # trn2 figures the estimate uses (docs/neuron.md §1.1, §1.3, §6.2); none measured here.
 TRN2_HBM_BYTES_PER_S_PER_RANK = 0.7e12     # §1.1: 2.9 TB/s per chip / 4 logical cores at LNC = 2
@@ -84,7 +85,7 @@ def build_rank_model(cfg, groups: ParallelGroups, dtype=torch.bfloat16, platform
         if not model_takes_parallel():
             raise NotImplementedError("DeepseekV4Model takes no parallel=: this tree has no sharded model")
         kw["parallel"] = groups
-    with torch.device("meta"), mr._no_init():
+    with torch.device("meta"), no_weight_init():
         model = DeepseekV4Model(cfg, dtype, platform=platform, **kw)
         model.use_weight_formats(mr.config_weight_formats(cfg))
         model.post_load()
