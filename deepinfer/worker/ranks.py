@@ -41,6 +41,7 @@ from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
 from deepinfer.platforms import current_platform
 from deepinfer.worker import cache_engine
+from deepinfer.worker.rank_liveness import StepClock, exit_text, silent_follower
 from deepinfer.worker.step_fanout import StepFanout, slot_bytes
 from deepinfer.worker.worker import Worker, kv_pool_blocks, resolve_dtype
 
@@ -54,17 +55,14 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class RankFailure(RuntimeError):
-    """A rank of the model died or failed to start: the engine cannot run another step."""
+    """A rank of the model died, hung or failed to start: the engine cannot run another step.
+    rank: the global rank it names (None when none is known); cause: what happened to it, in words."""
     engine_dead = True
 
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
+    def __init__(self, message: str, rank: int | None = None, cause: str | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause
 
 
 def init_rank(engine_config, rank: int, local_rank: int, platform):
@@ -104,14 +102,15 @@ class LocalRanks:
         self._lock = threading.Lock()
         self._closing = False
         self._failed: RankFailure | None = None
-        self._on_failure = None
+        self._listeners: list = []
         self._watch: threading.Thread | None = None
+        self.step_clock = StepClock()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- start --------------------------------------------------------------------------------
     def spawn(self, on_failure=None) -> None:
-        """Start this host's other ranks and the watchdog. on_failure(rank, code): called by the
-        watchdog (on its thread) after it killed the other followers."""
+        """Start this host's other ranks and the watchdog. on_failure(RankFailure): called by the
+        watchdog (on its thread) after it killed the other followers (as `add_listener`)."""
         config = json.dumps(dataclasses.asdict(self.config))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
@@ -120,7 +119,8 @@ class LocalRanks:
             cmd = [sys.executable, "-m", "deepinfer.worker.follower", "--rank", str(rank),
                    "--local-rank", str(local), "--parent-pid", str(os.getpid()), "--config", config]
             self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
-        self._on_failure = on_failure
+        if on_failure is not None:
+            self._listeners.append(on_failure)
         self._watch = threading.Thread(target=self._watchdog, name="deepinfer-rank-watchdog", daemon=True)
         self._watch.start()
 
@@ -151,61 +151,127 @@ class LocalRanks:
             time.sleep(0.05)
 
     # -- faults -------------------------------------------------------------------------------
+    def add_listener(self, callback) -> None:
+        """callback(RankFailure) on the watchdog thread when a rank is lost (at once, on this thread,
+        when one already is); it must not block."""
+        with self._lock:
+            self._listeners.append(callback)
+            failed = self._failed
+        if failed is not None:
+            callback(failed)
+
+    @property
+    def failed(self) -> RankFailure | None:
+        """The failure the watchdog (or a step) recorded; any thread, no store round trip."""
+        return self._failed
+
     def _watchdog(self) -> None:
+        """Every _POLL_S, step or no step: a follower that ended, an error a remote rank left in the
+        store (driver of several hosts), a step the followers leave unanswered for longer than
+        rank_step_timeout. The first of these kills this host's followers and tells the listeners."""
+        store = self._watch_store()
+        remote = self.node_rank == 0 and self.config.nnodes > 1 and store is not None
+        timeout = float(getattr(self.config, "rank_step_timeout", 0) or 0)
         while True:
-            for rank, proc in list(self.procs.items()):
-                code = proc.poll()
-                if code is None or any(r == rank for r, _ in self._deaths):
-                    continue
-                with self._lock:
-                    self._deaths.append((rank, code))
-                    first = len(self._deaths) == 1 and not self._closing
-                if first:
-                    logger.error("rank %d (pid %d) %s", rank, proc.pid, _exit_text(code))
-                    self.kill_all()
-                    if self._on_failure is not None:
-                        self._on_failure(rank, code)
+            new = [(rank, proc.returncode) for rank, proc in list(self.procs.items())
+                   if proc.poll() is not None and all(r != rank for r, _ in self._deaths)]
+            with self._lock:
+                self._deaths += new
+                watching = not self._closing and self._failed is None
+            if watching:
+                failure = None
+                if new or remote:
+                    failure = self._settle(self._reported(store) if store is not None else {})
+                if failure is None:
+                    took = self.step_clock.overdue(timeout)
+                    if took is not None:
+                        failure = self._hang_failure(took, timeout)
+                if failure is not None:
+                    self._fail(failure)
             with self._lock:
                 if self._closing and all(p.poll() is not None for p in self.procs.values()):
                     return
             time.sleep(_POLL_S)
 
-    def _reported(self) -> dict[int, str]:
+    def _watch_store(self):
+        """The watchdog's own store client (a client is not shared across threads): what a follower
+        that exited left there names the failure. None when it cannot connect."""
+        try:
+            return launch.open_store(self.config.master_addr, self.config.master_port, False, 10.0)
+        except Exception:  # noqa: BLE001 - the store is gone: the followers' exits still count
+            logger.exception("the rank watchdog could not connect to the store")
+            return None
+
+    def _hang_failure(self, took: float, timeout: float) -> RankFailure | None:
+        lagging = self.ring.lagging_readers() if self.ring is not None else []
+        named = silent_follower(self.procs, lagging, self.first_rank)
+        if named is None:
+            return None
+        rank, why = named
+        cause = f"did not answer a step within {timeout:g} s ({why})"
+        failure = RankFailure(f"a rank of the model failed: rank {rank} (pid {self.procs[rank].pid}) hung: {cause}; "
+                              f"killed after {took:.1f} s", rank, f"hung: {cause}")
+        with self._lock:
+            if self._failed is None:
+                self._failed = failure
+            return self._failed
+
+    def _fail(self, failure: RankFailure) -> None:
+        logger.error("%s", f"{failure}".splitlines()[0])
+        self.kill_all()
+        with self._lock:
+            listeners = list(self._listeners)
+        for callback in listeners:
+            try:
+                callback(failure)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the watchdog
+                logger.exception("rank failure listener failed")
+
+    def _reported(self, store=None) -> dict[int, str]:
         """Errors ranks left in the store (rank -> text)."""
+        store = self.store if store is None else store
         out = {}
         try:
-            if self.store.add(launch.KEY_ERRORS, 0) == 0:
+            if store.add(launch.KEY_ERRORS, 0) == 0:
                 return out
             for rank in range(self.world_size):
-                if self.store.check([launch.error_key(rank)]):
-                    out[rank] = self.store.get(launch.error_key(rank)).decode(errors="replace")
+                if store.check([launch.error_key(rank)]):
+                    out[rank] = store.get(launch.error_key(rank)).decode(errors="replace")
         except Exception:  # noqa: BLE001 - the store went down with the driver
             pass
         return out
 
     def failure(self) -> RankFailure | None:
-        """The first failure, preferring a death by signal, then an error that is not a peer's
-        connection closing (those follow from the first), then any. Main thread only (store)."""
+        """The first failure, preferring a hang the watchdog named, then a death by signal, then an
+        error that is not a peer's connection closing (those follow from the first), then any.
+        Calls the store: the thread that owns self.store only (the watchdog has its own)."""
         if self._failed is not None:
             return self._failed
+        return self._settle(self._reported())
+
+    def _settle(self, reported: dict[int, str]) -> RankFailure | None:
         with self._lock:
-            deaths = list(self._deaths)
-        reported = self._reported()
-        if not deaths and not reported:
-            return None
+            if self._failed is None:
+                self._failed = self._first_failure(list(self._deaths), reported)
+            return self._failed
+
+    def _first_failure(self, deaths, reported) -> RankFailure | None:
         candidates = []
         for rank, code in deaths:
             text = reported.get(rank)
             prio = 0 if code < 0 else (1 if text and "onnection closed" not in text else 2)
-            msg = f"rank {rank} (pid {self.procs[rank].pid}) {_exit_text(code)}"
-            candidates.append((prio, msg + (f":\n{text}" if text else "")))
+            cause = exit_text(code)
+            msg = f"rank {rank} (pid {self.procs[rank].pid}) {cause}"
+            candidates.append((prio, rank, cause, msg + (f":\n{text}" if text else "")))
         for rank, text in reported.items():
             if rank not in self.procs:
                 prio = 1 if "onnection closed" not in text else 2
-                candidates.append((prio, f"rank {rank} failed:\n{text}"))
-        candidates.sort(key=lambda c: c[0])
-        self._failed = RankFailure(f"a rank of the model failed: {candidates[0][1]}")
-        return self._failed
+                lines = text.strip().splitlines()
+                candidates.append((prio, rank, lines[-1] if lines else "failed", f"rank {rank} failed:\n{text}"))
+        if not candidates:
+            return None
+        _, rank, cause, msg = min(candidates, key=lambda c: c[0])   # the first seen of the best kind
+        return RankFailure(f"a rank of the model failed: {msg}", rank, cause)
 
     def raise_if_failed(self) -> None:
         failure = self.failure()
@@ -214,9 +280,11 @@ class LocalRanks:
 
     @contextlib.contextmanager
     def guard(self):
-        """Run one step; a collective that broke because a rank died becomes that rank's RankFailure."""
-        self.raise_if_failed()
+        """Run one step; a collective that broke because a rank died (or was killed for hanging)
+        becomes that rank's RankFailure. The step clock runs meanwhile (the watchdog's hang check)."""
         try:
+            self.raise_if_failed()
+            self.step_clock.begin()
             yield
         except RankFailure:
             self.teardown()
@@ -227,6 +295,8 @@ class LocalRanks:
                 raise
             self.teardown()
             raise failure from e
+        finally:
+            self.step_clock.end()
 
     def _await_failure(self, timeout_s: float) -> RankFailure | None:
         deadline = time.monotonic() + timeout_s
