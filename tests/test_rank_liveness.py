@@ -14,16 +14,17 @@ import os
 import re
 import signal
 import subprocess
-import threading
+import sys
 import time
 
 import httpx
 import pytest
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.distributed.launch import free_port
 from deepinfer.worker.rank_liveness import StepClock, exit_text, process_state, silent_follower
 from deepinfer.worker.ranks import RankFailure
-from rank_processes import alive, wait_gone
+from rank_processes import alive, child_env, signal_after_steps, wait_gone
 from test_server_support import MODEL_NAME, ServerProcess, metric_values, parse_sse
 
 DETECT_S = 2.0          # a dead follower is seen within this, idle or not
@@ -58,6 +59,7 @@ def test_exit_text_step_clock_and_the_silent_follower_named():
         procs[3].wait(5)
         rank, why = silent_follower(procs, [], 0)
         assert rank == 1 and "first one still running" in why
+        assert silent_follower(procs, [], 0, guess=False) is None   # with other hosts: no guess
     finally:
         for p in procs.values():
             p.kill()
@@ -103,17 +105,7 @@ def test_llm_follower_stopped_mid_generation_is_named_hung(tiny_v4_dir):
     llm = LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2, rank_step_timeout=HANG_TIMEOUT_S)
     worker = llm.llm_engine.worker
     pid = worker.ranks.pids[1]
-    stopped = []
-
-    def stop_when_generating():
-        deadline = time.monotonic() + 120
-        while worker.runner.fanout.steps_published < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        stopped.append(time.monotonic())
-        os.kill(pid, signal.SIGSTOP)
-
-    stopper = threading.Thread(target=stop_when_generating)
-    stopper.start()
+    stopper, stopped = signal_after_steps(worker, pid, signal.SIGSTOP)
     try:
         with pytest.raises(RankFailure, match=rf"rank 1 \(pid {pid}\) hung: did not answer a step within "
                                               rf"{HANG_TIMEOUT_S} s") as e:
@@ -130,6 +122,32 @@ def test_llm_follower_stopped_mid_generation_is_named_hung(tiny_v4_dir):
         stopper.join()
         llm.close()
     assert not alive(pid)
+
+
+def test_llm_other_host_killed_while_idle(tiny_v4_dir):
+    """Two "hosts" on localhost (ep=2, one rank each): `deepinfer follow` SIGKILLed while nothing runs.
+    Its link to the driver closes (distributed/host_links.py), so the driver names rank 1 within 2 s, and
+    the next call raises at once."""
+    port = free_port()
+    node1 = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "follow", "--model", str(tiny_v4_dir),
+                              "--expert-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+                              "--master-addr", "127.0.0.1", "--master-port", str(port)], env=child_env())
+    try:
+        with LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2, nnodes=2, master_port=port) as llm:
+            llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3), use_tqdm=False)
+            t0 = time.monotonic()
+            node1.kill()
+            seen = _wait_failed(llm.llm_engine.worker.ranks, t0, DETECT_S)
+            print(f"\nother host SIGKILL while idle: recorded after {seen:.3f} s")
+            t1 = time.monotonic()
+            with pytest.raises(RankFailure, match=r"rank 1 \(`deepinfer follow` on host 1\) is gone") as e:
+                llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=5), use_tqdm=False)
+            assert time.monotonic() - t1 < 1.0 and e.value.rank == 1
+            assert llm.llm_engine.stats().num_used_blocks == 0
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+        node1.wait(30)
 
 
 # ---- the server -----------------------------------------------------------------------------------
@@ -232,6 +250,18 @@ def _finish(srv: ServerProcess, followers: list[int], policy: str) -> int:
     return rc
 
 
+def _check_failed(srv, followers, policy, results, status, body, cause: str) -> int:
+    """/health's answer (when it had one) and every request's error name the rank and `cause`; under
+    serve-503 the server keeps answering so. Returns _finish's exit code."""
+    if status is not None:
+        assert status == 503 and re.search(cause, body["error"]["message"]), body
+    if results:
+        _assert_all_failed_naming(results, cause)
+    if policy == "serve-503":
+        _assert_serving_503(srv, cause)
+    return _finish(srv, followers, policy)
+
+
 @pytest.mark.parametrize("policy", ["exit", "serve-503"])
 @pytest.mark.parametrize("when", ["idle", "load"])
 def test_server_follower_killed(tiny_v4_dir, when, policy):
@@ -243,14 +273,7 @@ def test_server_follower_killed(tiny_v4_dir, when, policy):
             srv, lambda: os.kill(followers[0], signal.SIGKILL), DETECT_S + 5, 6 if when == "load" else 0)
         print(f"\nserver {when} SIGKILL, {policy}: /health {status} after {down_s:.3f} s")
         assert down_s < DETECT_S, srv.read_log()
-        cause = r"rank 1 \(pid \d+\) was killed by SIGKILL"
-        if status is not None:
-            assert status == 503 and re.search(cause, body["error"]["message"]), body
-        if results:
-            _assert_all_failed_naming(results, cause)
-        if policy == "serve-503":
-            _assert_serving_503(srv, cause)
-        rc = _finish(srv, followers, policy)
+        rc = _check_failed(srv, followers, policy, results, status, body, r"rank 1 \(pid \d+\) was killed by SIGKILL")
     finally:
         srv.terminate()
     log = srv.read_log()
@@ -282,10 +305,8 @@ def test_server_follower_stopped_is_named_hung(tiny_v4_dir, when, policy):
               f"(timeout {HANG_TIMEOUT_S} s)")
         assert down_s < HANG_TIMEOUT_S + DETECT_S, srv.read_log()
         hung = rf"rank 1 \(pid {followers[0]}\) hung: did not answer a step within {HANG_TIMEOUT_S} s"
-        _assert_all_failed_naming(results, hung)
-        if policy == "serve-503":
-            _assert_serving_503(srv, hung)
-        rc = _finish(srv, followers, policy)
+        assert results
+        rc = _check_failed(srv, followers, policy, results, status, body, hung)
     finally:
         srv.terminate()
     assert rc == (1 if policy == "exit" else 0), srv.read_log()

@@ -64,10 +64,11 @@ class StepClock:
         return took if took > timeout_s else None
 
 
-def silent_follower(procs: dict, lagging_readers: list[int], first_rank: int) -> tuple[int, str] | None:
-    """(rank, why it is named) of the follower a hung step waits on; None when none is running.
-    procs: rank -> Popen of this host's followers; lagging_readers: ring reader indices (local rank
-    - 1) that have not read the last step message."""
+def silent_follower(procs: dict, lagging_readers: list[int], first_rank: int,
+                    guess: bool = True) -> tuple[int, str] | None:
+    """(rank, why it is named) of the follower a hung step waits on; None when none is running (or,
+    without `guess`, when none lags or is stopped). procs: rank -> Popen of this host's followers;
+    lagging_readers: ring reader indices (local rank - 1) that have not read the last step message."""
     running = {rank: proc for rank, proc in sorted(procs.items()) if proc.poll() is None}
     if not running:
         return None
@@ -78,5 +79,7 @@ def silent_follower(procs: dict, lagging_readers: list[int], first_rank: int) ->
     for rank, proc in running.items():
         if process_state(proc.pid) in ("T", "t"):
             return rank, "its process is stopped"
+    if not guess:
+        return None
     rank = next(iter(running))
     return rank, "every follower read the step; the first one still running is named"

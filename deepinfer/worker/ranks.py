@@ -35,7 +35,7 @@ import time
 import weakref
 from pathlib import Path
 
-from deepinfer.distributed import launch
+from deepinfer.distributed import host_links, launch
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
@@ -52,6 +52,7 @@ RING_SLOTS = 4
 _POLL_S = 0.1
 _STOP_WAIT_S = 10.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+KEY_STOP = "deepinfer/stop"   # set by the driver's watchdog on a failure: every other host stops its ranks
 
 
 class RankFailure(RuntimeError):
@@ -103,6 +104,9 @@ class LocalRanks:
         self._closing = False
         self._failed: RankFailure | None = None
         self._listeners: list = []
+        self._announced = False
+        self._host_links: host_links.HostLinks | None = None   # the driver of several hosts: one per host
+        self._link = None   # another host: its connection to the driver's HostLinks
         self._watch: threading.Thread | None = None
         self.step_clock = StepClock()
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -121,6 +125,9 @@ class LocalRanks:
             self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
         if on_failure is not None:
             self._listeners.append(on_failure)
+        if self.node_rank == 0 and self.config.nnodes > 1:
+            self._host_links = host_links.HostLinks(self.config.master_addr)
+            self.store.set(host_links.KEY_HOST_LINKS, str(self._host_links.port))
         self._watch = threading.Thread(target=self._watchdog, name="deepinfer-rank-watchdog", daemon=True)
         self._watch.start()
 
@@ -166,32 +173,49 @@ class LocalRanks:
         return self._failed
 
     def _watchdog(self) -> None:
-        """Every _POLL_S, step or no step: a follower that ended, an error a remote rank left in the
-        store (driver of several hosts), a step the followers leave unanswered for longer than
+        """Every _POLL_S, step or no step: a follower that ended; on the driver of several hosts, a host
+        whose link closed (distributed/host_links.py) or an error a remote rank left in the store; on
+        another host, the driver's stop word; a step the followers leave unanswered for longer than
         rank_step_timeout. The first of these kills this host's followers and tells the listeners."""
         store = self._watch_store()
-        remote = self.node_rank == 0 and self.config.nnodes > 1 and store is not None
+        driver = self.node_rank == 0
+        remote = driver and self.config.nnodes > 1 and store is not None
+        if not driver and store is not None:
+            self._connect_link(store)
         timeout = float(getattr(self.config, "rank_step_timeout", 0) or 0)
         while True:
             new = [(rank, proc.returncode) for rank, proc in list(self.procs.items())
                    if proc.poll() is not None and all(r != rank for r, _ in self._deaths)]
+            lost_hosts = self._host_links.lost() if self._host_links is not None else []
             with self._lock:
                 self._deaths += new
-                watching = not self._closing and self._failed is None
+                watching = not self._closing and not self._announced
             if watching:
-                failure = None
-                if new or remote:
+                failure = self._failed   # a step's thread may have recorded it first
+                if failure is None and (new or remote):
                     failure = self._settle(self._reported(store) if store is not None else {})
+                if failure is None and lost_hosts:
+                    failure = self._host_failure(lost_hosts[0])
+                if failure is None and not driver and store is not None and _stop_word(store):
+                    failure = self._record(RankFailure("the driver stopped the model (a rank failed)"))
                 if failure is None:
                     took = self.step_clock.overdue(timeout)
                     if took is not None:
                         failure = self._hang_failure(took, timeout)
                 if failure is not None:
-                    self._fail(failure)
+                    self._fail(failure, store)
             with self._lock:
                 if self._closing and all(p.poll() is not None for p in self.procs.values()):
                     return
             time.sleep(_POLL_S)
+
+    def _connect_link(self, store) -> None:
+        """Another host: hold a connection to the driver, so its death is seen at once there."""
+        try:
+            port = int(store.get(host_links.KEY_HOST_LINKS))
+            self._link = host_links.connect(self.config.master_addr, port, self.node_rank)
+        except Exception:  # noqa: BLE001 - the driver still sees this host's errors through the store
+            logger.exception("could not open this host's link to the driver")
 
     def _watch_store(self):
         """The watchdog's own store client (a client is not shared across threads): what a follower
@@ -204,23 +228,47 @@ class LocalRanks:
 
     def _hang_failure(self, took: float, timeout: float) -> RankFailure | None:
         lagging = self.ring.lagging_readers() if self.ring is not None else []
-        named = silent_follower(self.procs, lagging, self.first_rank)
+        # with other hosts, a local follower that read the step and runs may only be waiting for them
+        named = silent_follower(self.procs, lagging, self.first_rank, guess=self.config.nnodes == 1)
         if named is None:
-            return None
+            if self.config.nnodes == 1:
+                return None
+            cause = f"hung: no answer to a step within {timeout:g} s from a rank on another host"
+            return self._record(RankFailure(f"a rank of the model failed: {cause}; the other hosts were told to "
+                                            f"stop after {took:.1f} s", None, cause))
         rank, why = named
         cause = f"did not answer a step within {timeout:g} s ({why})"
-        failure = RankFailure(f"a rank of the model failed: rank {rank} (pid {self.procs[rank].pid}) hung: {cause}; "
-                              f"killed after {took:.1f} s", rank, f"hung: {cause}")
+        return self._record(RankFailure(f"a rank of the model failed: rank {rank} (pid {self.procs[rank].pid}) "
+                                        f"hung: {cause}; killed after {took:.1f} s", rank, f"hung: {cause}"))
+
+    def _host_failure(self, node: int) -> RankFailure:
+        rank = node * self.per_node
+        cause = "its host's link to the driver closed (the process died, or the host is unreachable)"
+        return self._record(RankFailure(f"a rank of the model failed: rank {rank} (`deepinfer follow` on host "
+                                        f"{node}) is gone: {cause}", rank, cause))
+
+    def _record(self, failure: RankFailure) -> RankFailure:
+        """The first failure recorded wins; returns it."""
         with self._lock:
             if self._failed is None:
                 self._failed = failure
             return self._failed
 
-    def _fail(self, failure: RankFailure) -> None:
+    def _fail(self, failure: RankFailure, store) -> None:
+        """Announce the failure once: log it, kill this host's followers, tell the other hosts (the
+        driver) and the listeners."""
+        with self._lock:
+            if self._announced:
+                return
+            self._announced = True
+            listeners = list(self._listeners)
         logger.error("%s", f"{failure}".splitlines()[0])
         self.kill_all()
-        with self._lock:
-            listeners = list(self._listeners)
+        if self._host_links is not None and store is not None:
+            try:
+                store.set(KEY_STOP, f"{failure}".splitlines()[0])
+            except Exception:  # noqa: BLE001 - the other hosts still see the process group go
+                pass
         for callback in listeners:
             try:
                 callback(failure)
@@ -329,14 +377,24 @@ class LocalRanks:
                 proc.wait()
 
     def teardown(self) -> None:
-        """After a failure: no follower, no process group, no ring."""
+        """After a failure: announced (when the step's thread saw it first), then no follower, no
+        process group, no ring."""
+        if self._failed is not None:
+            self._fail(self._failed, self.store)
         with self._lock:
             self._closing = True
         self.kill_all()
         self._reap(_STOP_WAIT_S)
+        self._release()
+
+    def _release(self) -> None:
         launch.destroy_process_group()
         if self.ring is not None:
             self.ring.close()
+        if self._host_links is not None:
+            self._host_links.close()
+        if self._link is not None:
+            self._link.close()
 
     def close(self, fanout: StepFanout | None = None) -> None:
         """Stop the followers (told through the ring when they are healthy), then release everything."""
@@ -351,9 +409,7 @@ class LocalRanks:
             except Exception:  # noqa: BLE001 - a follower died meanwhile: kill what is left
                 logger.exception("could not send the stop message")
         self._reap(_STOP_WAIT_S)
-        launch.destroy_process_group()
-        if self.ring is not None:
-            self.ring.close()
+        self._release()
 
     def abort(self) -> None:
         self.teardown()
@@ -364,6 +420,13 @@ class LocalRanks:
     @property
     def pids(self) -> dict[int, int]:
         return {rank: p.pid for rank, p in self.procs.items()}
+
+
+def _stop_word(store) -> bool:
+    try:
+        return store.check([KEY_STOP])
+    except Exception:  # noqa: BLE001 - the store went down with the driver: the process group ends us
+        return False
 
 
 def _close_at_exit(ref) -> None:
