@@ -7,10 +7,15 @@ which does the same for its own ranks. `LocalRanks` is what both keep: their fol
 host's step ring, and a watchdog thread over the processes.
 
 Faults:
-- a follower that dies (any signal or exit before shutdown) is seen by the watchdog within 0.1 s: it
-  kills the host's other followers, so a driver blocked in a collective with them gets a gloo error
-  at once; the step (Worker.execute under `guard`) then raises RankFailure naming the rank, and the
-  driver tears the process group down (remote ranks waiting on it get errors and exit);
+- a follower that dies (any signal or exit before shutdown) is seen by the watchdog within 0.1 s,
+  whether or not a step runs; so is another host whose link to the driver closes
+  (distributed/host_links.py), an error a remote rank leaves in the store, and a step older than
+  rank_step_timeout (the follower it waits on is named hung: worker/rank_liveness.py). The watchdog
+  records the RankFailure, kills the host's other followers (so a driver blocked in a collective with
+  them gets a gloo error at once), tells other hosts to stop (KEY_STOP) and calls the listeners
+  (LLMEngine.watch_ranks: the server's engine thread). The step (Worker.execute under `guard`) raises
+  that RankFailure, and the driver tears the process group down (remote ranks waiting on it get
+  errors and exit);
 - a rank that fails to start (device, checkpoint, config) writes its traceback to the store: the
   driver's start fails with it;
 - the launcher killed: every follower has PR_SET_PDEATHSIG = SIGKILL (it dies with the thread that
