@@ -67,6 +67,41 @@ def test_exit_text_step_clock_and_the_silent_follower_named():
     assert silent_follower(procs, [0], 0) is None
 
 
+def test_host_links_see_a_host_go_and_the_ring_its_lagging_reader():
+    from deepinfer.distributed import host_links
+    from deepinfer.distributed.step_ring import StepRing
+    links = host_links.HostLinks("127.0.0.1")
+    try:
+        one, two = (host_links.connect("127.0.0.1", links.port, node) for node in (1, 2))
+        deadline = time.monotonic() + 5
+        while links.nodes != {1, 2} and time.monotonic() < deadline:
+            assert links.lost() == []
+            time.sleep(0.01)
+        assert links.nodes == {1, 2}
+        two.close()   # what the kernel does for a process that dies
+        lost = []
+        while not lost and time.monotonic() < deadline:
+            lost = links.lost()
+            time.sleep(0.01)
+        assert lost == [2] and links.lost() == []
+        one.close()
+    finally:
+        links.close()
+
+    ring = StepRing.create(4, 64, 2)
+    readers = [StepRing.open(ring.name, ring.size, i) for i in range(2)]
+    try:
+        assert ring.lagging_readers() == []
+        ring.write(3, [(0, memoryview(b"abc"))])
+        assert ring.lagging_readers() == [0, 1]
+        assert readers[1].read() == b"abc"
+        assert ring.lagging_readers() == [0]
+    finally:
+        for r in readers:
+            r.close()
+        ring.close()
+
+
 # ---- the offline LLM ------------------------------------------------------------------------------
 def _wait_failed(ranks, t0: float, limit_s: float) -> float:
     while ranks.failed is None:
