@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -183,6 +184,73 @@ def test_llm_other_host_killed_while_idle(tiny_v4_dir):
         if node1.poll() is None:
             node1.kill()
         node1.wait(30)
+
+
+# ---- the engine loop over a fake engine ----------------------------------------------------------
+class _IdleLostRankEngine:
+    """Idle until the test calls lose(): then, as a multi-rank LLMEngine, it calls its rank watcher
+    (from another thread, as the watchdog does) and check_ranks raises after failing its requests."""
+
+    def __init__(self):
+        from test_server_engine_loop import FakeEngine
+        self._fake = FakeEngine()
+        self.failure = None
+        self._watchers = []
+
+    def __getattr__(self, name):
+        return getattr(self._fake, name)
+
+    def watch_ranks(self, callback):
+        self._watchers.append(callback)
+
+    def lose(self):
+        self.failure = RankFailure("a rank of the model failed: rank 3 (pid 42) was killed by SIGKILL", 3,
+                                   "was killed by SIGKILL")
+        threading.Thread(target=lambda: [cb(self.failure) for cb in self._watchers]).start()
+
+    def check_ranks(self):
+        if self.failure is not None:
+            for rid in list(self._fake.requests):
+                self._fake.abort_request(rid)
+            raise self.failure
+
+
+@pytest.mark.parametrize("policy", ["exit", "serve-503"])
+def test_engine_loop_idle_rank_loss_fails_every_request_and_applies_the_policy(policy):
+    from serve.engine_loop import EngineLoop
+    from serve.errors import APIError
+    from serve.generation import EnginePrompt, Generation
+    from serve.metrics import ServerMetrics
+
+    async def scenario():
+        loop = EngineLoop(_IdleLostRankEngine, ServerMetrics(), on_rank_failure=policy)
+        fatal = []
+        loop.on_fatal = fatal.append
+        loop.start(asyncio.get_running_loop())
+        while not loop.ready:
+            await asyncio.sleep(0.01)
+        gen = Generation(loop, "r", [EnginePrompt([1, 2], None)], [SamplingParams(max_tokens=10**6)])
+        await gen.start()
+        t0 = time.monotonic()
+        loop.engine.lose()
+        with pytest.raises(APIError) as e:
+            await asyncio.wait_for(gen.collect(), 10)
+        took = time.monotonic() - t0
+        assert e.value.status == 503 and "rank 3" in e.value.message and "SIGKILL" in e.value.message
+        assert loop.dead and loop.engine.requests == {} and took < DETECT_S
+        with pytest.raises(APIError) as e:
+            loop.check_available()
+        assert e.value.status == 503 and "rank 3" in e.value.message
+        for _ in range(100):
+            if fatal or policy != "exit":
+                break
+            await asyncio.sleep(0.01)
+        assert fatal == (["the engine lost a rank: a rank of the model failed: rank 3 (pid 42) was killed by "
+                          "SIGKILL"] if policy == "exit" else [])
+        page = metric_values(loop.metrics.exposition("m", None, True, True).decode())
+        assert page['deepinfer:rank_failures_total{rank="3"}'] == 1
+        loop.stop()
+    asyncio.run(scenario())
 
 
 # ---- the server -----------------------------------------------------------------------------------
