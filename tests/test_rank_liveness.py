@@ -103,6 +103,21 @@ def test_host_links_see_a_host_go_and_the_ring_its_lagging_reader():
         ring.close()
 
 
+def test_rank_step_timeout_defaults_to_its_env_var(monkeypatch):
+    from deepinfer.engine_config import EngineConfig
+    monkeypatch.delenv("DEEPINFER_RANK_STEP_TIMEOUT", raising=False)
+    assert EngineConfig(model="m").rank_step_timeout == 600
+    monkeypatch.setenv("DEEPINFER_RANK_STEP_TIMEOUT", "0")
+    assert EngineConfig(model="m").rank_step_timeout == 0   # wait forever
+    monkeypatch.setenv("DEEPINFER_RANK_STEP_TIMEOUT", "45")
+    assert EngineConfig(model="m").rank_step_timeout == 45 and EngineConfig(model="m", rank_step_timeout=5).rank_step_timeout == 5
+    with pytest.raises(ValueError, match="rank_step_timeout must be an integer >= 0"):
+        EngineConfig(model="m", rank_step_timeout=-1)
+    monkeypatch.setenv("DEEPINFER_RANK_STEP_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="DEEPINFER_RANK_STEP_TIMEOUT must be an integer"):
+        EngineConfig(model="m")
+
+
 # ---- the offline LLM ------------------------------------------------------------------------------
 def _wait_failed(ranks, t0: float, limit_s: float) -> float:
     while ranks.failed is None:
