@@ -175,14 +175,19 @@ def test_llm_follower_stopped_mid_generation_is_named_hung(tiny_v4_dir):
     assert not alive(pid)
 
 
+def _other_host(model, port: int) -> subprocess.Popen:
+    """`deepinfer follow` as host 1 of two on localhost (ep=2: one rank a host)."""
+    return subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "follow", "--model", str(model),
+                             "--expert-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+                             "--master-addr", "127.0.0.1", "--master-port", str(port)], env=child_env())
+
+
 def test_llm_other_host_killed_while_idle(tiny_v4_dir):
     """Two "hosts" on localhost (ep=2, one rank each): `deepinfer follow` SIGKILLed while nothing runs.
     Its link to the driver closes (distributed/host_links.py), so the driver names rank 1 within 2 s, and
     the next call raises at once."""
     port = free_port()
-    node1 = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "follow", "--model", str(tiny_v4_dir),
-                              "--expert-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
-                              "--master-addr", "127.0.0.1", "--master-port", str(port)], env=child_env())
+    node1 = _other_host(tiny_v4_dir, port)
     try:
         with LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2, nnodes=2, master_port=port) as llm:
             llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3), use_tqdm=False)
@@ -198,6 +203,37 @@ def test_llm_other_host_killed_while_idle(tiny_v4_dir):
     finally:
         if node1.poll() is None:
             node1.kill()
+        node1.wait(30)
+
+
+def test_llm_other_host_frozen_mid_generation(tiny_v4_dir):
+    """SIGSTOP `deepinfer follow` (host 1) mid-generation: it can neither answer nor obey the stop word.
+    The watchdog names the hang at the rank step timeout; the driver's collective gives up at its own
+    timeout (rank_liveness.bound_collectives), so the call raises RankFailure instead of waiting."""
+    from deepinfer.worker.rank_liveness import COLLECTIVE_GRACE_S
+    port = free_port()
+    node1 = _other_host(tiny_v4_dir, port)
+    try:
+        with LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2, nnodes=2, master_port=port,
+                 rank_step_timeout=HANG_TIMEOUT_S) as llm:
+            worker = llm.llm_engine.worker
+            stopper, stopped = signal_after_steps(worker, node1.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(RankFailure, match=rf"no answer to a step within {HANG_TIMEOUT_S} s from a rank "
+                                                      r"on another host"):
+                    llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=240, ignore_eos=True),
+                                 use_tqdm=False)
+            finally:
+                stopper.join()
+            took = time.monotonic() - stopped[0]
+            print(f"\nother host SIGSTOP mid-generation: RankFailure after {took:.3f} s "
+                  f"(timeout {HANG_TIMEOUT_S} s + collective grace {COLLECTIVE_GRACE_S} s)")
+            assert took < HANG_TIMEOUT_S + COLLECTIVE_GRACE_S + DETECT_S
+            with pytest.raises(RankFailure, match="another host"):
+                llm.generate({"prompt_token_ids": [5]}, SamplingParams(max_tokens=1), use_tqdm=False)
+            assert llm.llm_engine.stats().num_used_blocks == 0
+    finally:
+        node1.kill()   # SIGKILL ends a stopped process too
         node1.wait(30)
 
 

@@ -10,12 +10,23 @@
 
 Killing the named follower (and the host's others) is what bounds the driver's wait: its gloo
 collective then ends with a closed connection, and the step raises the RankFailure recorded here.
+A rank on another host cannot be killed from here, and one that is frozen (SIGSTOP, a paused VM)
+cannot obey the driver's stop word either, so the driver's own collectives also carry a timeout
+(`bound_collectives`: the rank step timeout plus COLLECTIVE_GRACE_S), set once the model is built
+so that start-up compiles stay unbounded.
 """
 from __future__ import annotations
 
+import datetime
+import logging
 import signal
 import threading
 import time
+
+logger = logging.getLogger(__name__)
+
+# The watchdog acts at the rank step timeout; a collective of the driver gives up this much later.
+COLLECTIVE_GRACE_S = 5.0
 
 
 def exit_text(code: int) -> str:
@@ -83,3 +94,19 @@ def silent_follower(procs: dict, lagging_readers: list[int], first_rank: int,
         return None
     rank = next(iter(running))
     return rank, "every follower read the step; the first one still running is named"
+
+
+def bound_collectives(groups, timeout_s: float) -> None:
+    """Give the driver's process groups (None entries skipped) and the default group a timeout of
+    timeout_s + COLLECTIVE_GRACE_S per collective; timeout_s 0 leaves them as they are."""
+    if not timeout_s:
+        return
+    import torch.distributed as dist
+    limit = datetime.timedelta(seconds=timeout_s + COLLECTIVE_GRACE_S)
+    for group in [dist.group.WORLD, *groups]:
+        if group is None:
+            continue
+        try:
+            group.set_timeout(limit)
+        except (AttributeError, RuntimeError) as e:   # a backend without per-group timeouts
+            logger.warning("collectives of %s keep their timeout: %s", group, e)

@@ -46,7 +46,7 @@ from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
 from deepinfer.platforms import current_platform
 from deepinfer.worker import cache_engine
-from deepinfer.worker.rank_liveness import StepClock, exit_text, silent_follower
+from deepinfer.worker.rank_liveness import StepClock, bound_collectives, exit_text, silent_follower
 from deepinfer.worker.step_fanout import StepFanout, slot_bytes
 from deepinfer.worker.worker import Worker, kv_pool_blocks, resolve_dtype
 
@@ -471,6 +471,7 @@ def start_worker(model_config, engine_config, platform=None) -> Worker:
         raise
     ranks.fanout = fanout
     worker.ranks = ranks
+    bound_collectives([groups.cp, groups.lane, groups.ep, groups.dp_leaders, host_group], ec.rank_step_timeout)
     logger.info("model on %d ranks (cp=%d, ep=%d, lanes of %d, %d host(s)); followers %s", layout.world_size,
                 layout.cp, layout.ep, layout.attn_tp, layout.nnodes, ranks.pids)
     return worker
