@@ -175,11 +175,44 @@ def test_llm_follower_stopped_mid_generation_is_named_hung(tiny_v4_dir):
     assert not alive(pid)
 
 
-def _other_host(model, port: int) -> subprocess.Popen:
-    """`deepinfer follow` as host 1 of two on localhost (ep=2: one rank a host)."""
+def _other_host(model, port: int, ep: int = 2) -> subprocess.Popen:
+    """`deepinfer follow` as host 1 of two on localhost (ep / 2 ranks a host)."""
     return subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "follow", "--model", str(model),
-                             "--expert-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+                             "--expert-parallel-size", str(ep), "--nnodes", "2", "--node-rank", "1",
                              "--master-addr", "127.0.0.1", "--master-port", str(port)], env=child_env())
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
+
+
+def test_llm_follower_on_other_host_killed_while_idle(tiny_v4_dir):
+    """ep=4 over two hosts: rank 3 (a follower `deepinfer follow` started on host 1) SIGKILLed while
+    nothing runs. Host 1 reports it in the store and exits; the driver names rank 3 within 2 s."""
+    port = free_port()
+    node1 = _other_host(tiny_v4_dir, port, ep=4)
+    try:
+        with LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=4, nnodes=2, master_port=port) as llm:
+            llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3), use_tqdm=False)
+            rank3 = _children(node1.pid)
+            assert len(rank3) == 1, rank3
+            t0 = time.monotonic()
+            os.kill(rank3[0], signal.SIGKILL)
+            seen = _wait_failed(llm.llm_engine.worker.ranks, t0, DETECT_S)
+            print(f"\nfollower on the other host SIGKILL while idle: recorded after {seen:.3f} s")
+            with pytest.raises(RankFailure, match=r"rank 3 failed:\s+rank 3 on host 1 was killed by SIGKILL") as e:
+                llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=5), use_tqdm=False)
+            assert e.value.rank == 3
+        assert node1.wait(30) == 1   # host 1 went down with its rank
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+        node1.wait(30)
+    assert not alive(rank3[0])
 
 
 def test_llm_other_host_killed_while_idle(tiny_v4_dir):
