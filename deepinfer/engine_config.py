@@ -31,6 +31,11 @@ def _default_kv_cache_memory_bytes() -> int:
         return _FALLBACK_KV_CACHE_BYTES
 
 
+def _default_rank_step_timeout() -> int:
+    from deepinfer import envs
+    return int(envs.DEEPINFER_RANK_STEP_TIMEOUT)
+
+
 def _check_int(name: str, value, low: int, high: int | None = None, allow_none: bool = False):
     if value is None and allow_none:
         return
@@ -118,6 +123,12 @@ class EngineConfig:
     master_port: int | None = _option(
         None, value_type=int, default_text="a free port on a single node; required with nnodes > 1",
         help="TCP port of the torch.distributed store on master_addr")
+    # A hung follower leaves the driver in a collective: past this the watchdog kills it (worker/ranks.py).
+    rank_step_timeout: int = _option(
+        help="seconds a step may wait for a follower rank before that rank is named hung, killed and the "
+             "engine fails (0: wait forever); well above the slowest step, a first graph compile included",
+        default_factory=_default_rank_step_timeout, value_type=int,
+        default_text="$DEEPINFER_RANK_STEP_TIMEOUT, else 600")
     num_speculative_tokens: int = _option(
         0, help="DSpark drafts verified per sequence and decode step (speculative decoding with the "
                 "checkpoint's draft layers; deepseek_v41 checkpoints with num_nextn_predict_layers > 0 "
@@ -175,6 +186,7 @@ class EngineConfig:
         _check_int("nnodes", self.nnodes, 1)
         _check_int("node_rank", self.node_rank, 0)
         _check_int("master_port", self.master_port, 1, 65535, allow_none=True)
+        _check_int("rank_step_timeout", self.rank_step_timeout, 0)
         if not isinstance(self.master_addr, str) or not self.master_addr:
             raise ValueError(f"master_addr must be a non-empty host name or address, got {self.master_addr!r}")
         if self.node_rank >= self.nnodes:

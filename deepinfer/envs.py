@@ -119,6 +119,10 @@ ENV_VARS: list[EnvVar] = [
            ("DEBUG", "INFO", "WARNING", "ERROR")),
     EnvVar("DEEPINFER_KV_CACHE_MEMORY_BYTES", 1 << 30, "int",
            "Memory budget (bytes) for the KV block pool when num_kv_blocks is not given."),
+    EnvVar("DEEPINFER_RANK_STEP_TIMEOUT", 600, "int",
+           "Default of the rank_step_timeout engine option: seconds a step of a model on several ranks may "
+           "wait for a follower before that follower is named hung, killed and the engine fails (0: wait "
+           "forever). Well above the slowest step, a first graph compile included."),
     EnvVar("DEEPINFER_ENGRAM_STOP_AT_BOS", False, "bool",
            "Engram n-gram lookbacks stop at segment boundaries: no n-gram reaches back past a BOS at or "
            "before its token, or past an EOS before it (those slots hash as the pad id). Read when the "

@@ -1,9 +1,10 @@
-"""Helpers of the multi-rank engine tests (test_multi_rank.py, test_multi_rank_faults.py): whether a
-process is still running, waiting for processes to go, and the environment of a child process that
-imports this tree."""
+"""Helpers of the multi-rank engine tests (test_multi_rank.py, test_multi_rank_faults.py,
+test_rank_liveness.py): whether a process is still running, waiting for processes to go, the
+environment of a child process that imports this tree, and a signal sent to a follower mid-generation."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -32,3 +33,20 @@ def wait_gone(pids, timeout_s: float) -> float:
 def child_env() -> dict:
     """os.environ with this tree first on PYTHONPATH."""
     return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def signal_after_steps(worker, pid: int, sig: int, steps: int = 5, timeout_s: float = 120.0) -> tuple[threading.Thread, list]:
+    """A started thread that sends `sig` to `pid` once the driver's fanout published `steps` steps (or
+    after timeout_s), and the list it appends the sending time (monotonic) to."""
+    sent: list[float] = []
+
+    def run():
+        deadline = time.monotonic() + timeout_s
+        while worker.runner.fanout.steps_published < steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sent.append(time.monotonic())
+        os.kill(pid, sig)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, sent

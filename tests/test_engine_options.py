@@ -44,6 +44,7 @@ OTHER_VALUES = {
     "node_rank": 1,
     "master_addr": "10.0.0.1",
     "master_port": 29500,
+    "rank_step_timeout": 30,
     "num_speculative_tokens": 3,
     "speculative_verify": "confidence",
 }

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from deepinfer import LLM, SamplingParams
 from deepinfer.distributed.launch import free_port
 from deepinfer.worker.ranks import RankFailure
-from rank_processes import alive, child_env, wait_gone
+from rank_processes import alive, child_env, signal_after_steps, wait_gone
 
 ENGINE = dict(max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
               enforce_eager=True, skip_tokenizer_init=True, dtype="float32")
@@ -28,16 +27,7 @@ def test_follower_killed_mid_generation(tiny_v4_dir):
     llm = LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2)
     worker = llm.llm_engine.worker
     pid = worker.ranks.pids[1]
-    killed = []
-
-    def kill_when_generating():
-        while worker.runner.fanout.steps_published < 5:
-            time.sleep(0.01)
-        killed.append(time.monotonic())
-        os.kill(pid, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_when_generating)
-    killer.start()
+    killer, killed = signal_after_steps(worker, pid, signal.SIGKILL)
     try:
         with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
             llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], LONG, use_tqdm=False)

@@ -181,7 +181,8 @@ def test_a_lost_rank_kills_the_engine_at_once_and_stop_closes_it():
         try:
             with pytest.raises(APIError) as e:
                 await _generate(loop, "r", [1, 2])
-            assert e.value.status == 500 and "rank 1" in e.value.message
+            # 503, the status of every request once a rank is lost, with the rank and cause named
+            assert e.value.status == 503 and "rank 1" in e.value.message and "SIGKILL" in e.value.message
             assert loop.dead and "rank 1" in loop.dead_reason   # one failed step, not three
         finally:
             loop.stop()

@@ -152,6 +152,14 @@ class StepRing:
         self._next = seq + 1
         return seq
 
+    def lagging_readers(self) -> list[int]:
+        """Indices of the readers that have not consumed the last message written (writer side; safe
+        from another thread: it only reads the header)."""
+        last = self._next - 1
+        if last < 1 or self._mm.closed:
+            return []
+        return [r for r in range(self.num_readers) if self._consumed(r) < last]
+
     def read(self, check=None, timeout_s: float | None = None) -> bytearray:
         """The next message (a private copy), waiting for it."""
         seq, base = self._next, self._slot(self._next)

@@ -1,6 +1,8 @@
 """LLMEngine: add_request / abort_request / step over one scheduler and one worker.
 
-Not thread-safe: a server calls it from a single engine thread (aborts included).
+Not thread-safe: a server calls it from a single engine thread (aborts included). The one exception
+is `watch_ranks`: its callback runs on the ranks' watchdog thread, so a server hears of a lost rank
+while it waits for work, and answers with `check_ranks` on its engine thread.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class LLMEngine:
         self.last_step_timing: StepTiming | None = None
         self.timing_hook: Callable[[StepTiming], None] | None = None
         self._grammar_compiler = None  # structured_output.GrammarCompiler, built on first use
+        self.rank_failure = None  # the RankFailure (worker/ranks.py) that ended this engine, once one did
 
     def close(self) -> None:
         """Release the worker's processes (the followers of a multi-rank model); idempotent. The engine
@@ -132,6 +135,40 @@ class LLMEngine:
         if close is not None:
             close()
 
+    # ---- lost ranks (a model on several ranks) ----------------------------------------------
+    def watch_ranks(self, callback: Callable[[BaseException], None]) -> None:
+        """callback(RankFailure) on the ranks' watchdog thread as soon as a rank of the model is lost,
+        step or no step (at once when one already is); never called on one rank. It must not call into
+        the engine: it wakes the engine thread, which calls `check_ranks`."""
+        ranks = getattr(self.worker, "ranks", None)
+        if ranks is not None:
+            ranks.add_listener(callback)
+
+    def check_ranks(self) -> None:
+        """Raise the RankFailure of a lost rank, after failing every request (their blocks and slots
+        freed) and tearing the ranks down; a no-op while every rank runs."""
+        if self.rank_failure is None:
+            ranks = getattr(self.worker, "ranks", None)
+            failure = None if ranks is None else ranks.failed
+            if failure is None:
+                return
+            self._fail_everything(failure)
+        raise self.rank_failure
+
+    def _fail_everything(self, failure: BaseException) -> None:
+        if self.rank_failure is not None:
+            return
+        self.rank_failure = failure
+        failed = list(self.requests)
+        for request_id in failed:
+            self.abort_request(request_id)
+        ranks = getattr(self.worker, "ranks", None)
+        if ranks is not None:
+            ranks.teardown()
+        cause = getattr(failure, "cause", None)
+        logger.error("rank %s lost (%s): %d request(s) failed; the engine takes no more steps",
+                     getattr(failure, "rank", None), cause or f"{failure}".splitlines()[0], len(failed))
+
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, sampling_params=None,
                     arrival_time: float | None = None) -> None:
@@ -139,6 +176,7 @@ class LLMEngine:
         dict(prompt="..."). Raises ValueError (and changes nothing) on bad input."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        self.check_ranks()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         if sampling_params is None:
@@ -264,12 +302,19 @@ class LLMEngine:
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list:
         """Run one batch. Returns a RequestOutput for every request that got a token or finished."""
+        self.check_ranks()
         timing = StepTiming()
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
         if sched.scheduled:
-            sampler_output = self.worker.execute(sched.scheduled)
+            try:
+                sampler_output = self.worker.execute(sched.scheduled)
+            except Exception as e:
+                if not getattr(e, "engine_dead", False):   # a lost rank (RankFailure)
+                    raise
+                self._fail_everything(e)
+                raise
         else:
             if self.scheduler.running:
                 raise RuntimeError("scheduler made no progress with running sequences")

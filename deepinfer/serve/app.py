@@ -36,7 +36,15 @@ def build_app(state: ServerState) -> FastAPI:
                   openapi_url=None)
     app.state.server = state
 
+    def dead_response() -> Response | None:
+        # A dead engine (a lost rank, a failed start) answers every endpoint but /metrics with 503.
+        loop = state.engine_loop
+        return error_response(503, f"the engine is dead: {loop.dead_reason}") if loop.dead else None
+
     async def guarded(handler, request: Request) -> Response:
+        dead = dead_response()
+        if dead is not None:
+            return dead
         try:
             return await handler(request, state)
         except APIError as e:
@@ -58,6 +66,9 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> Response:
+        dead = dead_response()
+        if dead is not None:
+            return dead
         loop = state.engine_loop
         card = {"id": state.config.served_model_name, "object": "model",
                 "created": state.config.created, "owned_by": "deepinfer",
@@ -69,8 +80,9 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         loop = state.engine_loop
-        if loop.dead:
-            return error_response(503, f"the engine is dead: {loop.dead_reason}")
+        dead = dead_response()
+        if dead is not None:
+            return dead
         if not loop.ready:
             return error_response(503, "the engine is starting")
         if loop.draining:

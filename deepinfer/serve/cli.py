@@ -12,7 +12,7 @@ import uvicorn
 from deepinfer.engine_config import EngineConfig, add_engine_args, engine_config_from_args
 from deepinfer.logging_config import configure_logging
 from deepinfer.serve.app import build_app
-from deepinfer.serve.engine_loop import EngineLoop
+from deepinfer.serve.engine_loop import RANK_FAILURE_POLICIES, EngineLoop
 from deepinfer.serve.metrics import ServerMetrics
 from deepinfer.serve.reasoning import DEFAULT_REASONING_PARSER, REASONING_PARSERS
 from deepinfer.serve.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
@@ -43,6 +43,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--reasoning-parser", default=DEFAULT_REASONING_PARSER, choices=REASONING_PARSERS,
                    help="how thinking-mode replies are split into reasoning_content and content "
                         f"(default: {DEFAULT_REASONING_PARSER}; none: the raw text is the content)")
+    p.add_argument("--on-rank-failure", default="exit", choices=RANK_FAILURE_POLICIES,
+                   help="when a rank of the model dies or hangs (several ranks), after failing every request "
+                        "with 503: 'exit' shuts the server down with exit code 1 (a supervisor restarts it), "
+                        "'serve-503' keeps it up answering 503 (default: exit)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="log level of the server, the engine and uvicorn (default: DEEPINFER_LOG_LEVEL "
                         "for the deepinfer loggers, the server's included; info for uvicorn)")
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         from deepinfer.engine.llm_engine import LLMEngine
         return LLMEngine(engine_config)
 
-    engine_loop = EngineLoop(build_engine, ServerMetrics())
+    engine_loop = EngineLoop(build_engine, ServerMetrics(), on_rank_failure=args.on_rank_failure)
     app = build_app(ServerState(server_config, engine_loop))
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                timeout_graceful_shutdown=args.shutdown_timeout + _UVICORN_GRACE_S,

@@ -7,6 +7,11 @@ an asyncio future, step outputs go to the per-request asyncio queue as (request_
 where item is a RequestOutput or an APIError. Commands are applied between steps, so a request
 added by any client joins the running batch at the next step and an abort frees its KV blocks
 before the next step runs.
+
+A lost rank (a model on several ranks: worker/ranks.py RankFailure) ends the engine: the ranks'
+watchdog marks the loop dead at once (so /health answers 503 within its poll, step or no step) and
+wakes the engine thread, which fails every request with a 503 naming the rank, counts it in
+/metrics and, under the default policy `on_rank_failure="exit"`, asks the server to shut down.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ logger = logging.getLogger(__name__)
 # After this many steps in a row raise, the engine is declared dead (/health answers 503).
 MAX_CONSECUTIVE_STEP_ERRORS = 3
 _IDLE_POLL_S = 0.5
+RANK_FAILURE_POLICIES = ("exit", "serve-503")
 
 
 @dataclass
@@ -41,7 +47,13 @@ class _Sink:
 
 
 class EngineLoop:
-    def __init__(self, engine_factory: Callable[[], Any], metrics: ServerMetrics | None = None):
+    def __init__(self, engine_factory: Callable[[], Any], metrics: ServerMetrics | None = None,
+                 on_rank_failure: str = "exit"):
+        """on_rank_failure: "exit" (fail the requests, then on_fatal: the server exits non-zero) or
+        "serve-503" (stay up, answering 503)."""
+        if on_rank_failure not in RANK_FAILURE_POLICIES:
+            raise ValueError(f"on_rank_failure must be one of {RANK_FAILURE_POLICIES}, got {on_rank_failure!r}")
+        self.on_rank_failure = on_rank_failure
         self._factory = engine_factory
         self.metrics = metrics or ServerMetrics()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -56,6 +68,7 @@ class EngineLoop:
         self._drain_deadline: float | None = None
         self.stats = None  # the engine's last EngineStats, refreshed every loop iteration
         self.on_fatal: Callable[[str], None] | None = None  # called on the event loop
+        self.rank_failure: BaseException | None = None  # the lost rank's RankFailure, once handled
 
     # ---- called from the event loop ------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -112,6 +125,9 @@ class EngineLoop:
             if self.on_fatal is not None:
                 self._post(self.on_fatal, self.dead_reason)
             return
+        watch = getattr(self.engine, "watch_ranks", None)
+        if watch is not None:
+            watch(self._rank_lost)
         self.ready = True
         logger.info("engine ready")
         consecutive_errors = 0
@@ -154,6 +170,8 @@ class EngineLoop:
                     self._add(*cmd[1:])
                 elif kind == "abort":
                     self._abort(cmd[1], deliver=False)
+                elif kind == "rank_lost":
+                    self._check_ranks()
                 elif kind == "drain":
                     self.draining = True
                     self._drain_deadline = cmd[1]
@@ -203,15 +221,46 @@ class EngineLoop:
                 except Exception:  # noqa: BLE001
                     logger.exception("abort of %s failed", request_id)
 
+    # ---- a lost rank ------------------------------------------------------------------------
+    def _rank_lost(self, failure: BaseException) -> None:
+        """On the ranks' watchdog thread: dead now (the /health answer), the rest on the engine thread."""
+        self.dead_reason = _first_line(failure)
+        self.dead = True
+        self._commands.put(("rank_lost",))
+
+    def _check_ranks(self) -> None:
+        try:
+            self.engine.check_ranks()
+        except Exception as e:  # noqa: BLE001 - the RankFailure the engine raises once it failed everything
+            if not getattr(e, "engine_dead", False):
+                raise
+            self._rank_failed(e)
+
+    def _rank_failed(self, failure: BaseException) -> None:
+        """Once per engine: fail every request with a 503 naming the rank, count it, apply the policy."""
+        if self.rank_failure is not None:
+            return
+        self.rank_failure = failure
+        self.metrics.count_rank_failure(getattr(failure, "rank", None))
+        failed = len(self._sinks)
+        self._die(_first_line(failure), status=503)
+        self._abort_all(deliver=False)   # the engine failed its requests already; anything left goes too
+        logger.error("rank %s lost (%s): %d server request(s) failed with 503; policy %s",
+                     getattr(failure, "rank", None), getattr(failure, "cause", None) or self.dead_reason,
+                     failed, self.on_rank_failure)
+        if self.on_rank_failure == "exit" and self.on_fatal is not None:
+            self._post(self.on_fatal, f"the engine lost a rank: {self.dead_reason}")
+
     def _step(self, errors_if_this_fails: int) -> bool:
         try:
             outputs = self.engine.step()
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep the loop
-            logger.exception("engine step failed")
             self.metrics.count_step_error()
             if getattr(e, "engine_dead", False):   # a rank of the model is gone: no step can succeed
-                self._die(f"{e}".splitlines()[0])
-            elif errors_if_this_fails >= MAX_CONSECUTIVE_STEP_ERRORS:
+                self._rank_failed(e)
+                return False
+            logger.exception("engine step failed")
+            if errors_if_this_fails >= MAX_CONSECUTIVE_STEP_ERRORS:
                 # mark the engine dead before the failed requests hear about it, so a client that
                 # got the error never sees a still-"alive" engine
                 self._die(f"{errors_if_this_fails} engine steps in a row raised")
@@ -249,11 +298,11 @@ class EngineLoop:
         for c in out.outputs:
             self.metrics.observe_finished(c.finish_reason or "abort", e2e)
 
-    def _die(self, reason: str) -> None:
-        self.dead = True
+    def _die(self, reason: str, status: int = 500) -> None:
         self.dead_reason = reason
+        self.dead = True
         logger.error("engine is dead: %s", reason)
-        error = APIError(500, f"the engine is dead: {reason}")
+        error = APIError(status, f"the engine is dead: {reason}")
         failed = [(sink.queue, (rid, error)) for rid, sink in self._sinks.items()]
         self._sinks.clear()
         if failed:
@@ -270,6 +319,10 @@ class EngineLoop:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{error}".splitlines()[0] if f"{error}" else type(error).__name__
 
 
 def _resolve(future: asyncio.Future, error: BaseException | None) -> None:

@@ -61,6 +61,11 @@ class ServerMetrics(Collector):
         self._step_errors = Counter(PREFIX + "engine_step_errors",
                                     "Engine steps that raised (their requests failed).",
                                     registry=None)
+        # Labelled by the global rank the engine lost (a model on several ranks); "unknown" when the
+        # failure named none.
+        self._rank_failures = Counter(PREFIX + "rank_failures",
+                                      "Ranks of the model lost (died, killed or hung); the engine fails "
+                                      "its requests and takes no more steps.", ["rank"], registry=None)
         self._view: _EngineView | None = None  # set by exposition() for one scrape
         self._scrape_lock = threading.Lock()
         self.registry = CollectorRegistry()
@@ -78,6 +83,9 @@ class ServerMetrics(Collector):
 
     def count_step_error(self) -> None:
         self._step_errors.inc()
+
+    def count_rank_failure(self, rank: int | None) -> None:
+        self._rank_failures.labels("unknown" if rank is None else str(rank)).inc()
 
     @property
     def num_step_errors(self) -> int:
@@ -100,13 +108,14 @@ class ServerMetrics(Collector):
         if view is None:  # collected outside exposition(): nothing to label the samples with
             return
         yield from _engine_families(view)
-        for metric in (self._finished, self._step_errors, self._ttft, self._itl, self._e2e):
+        for metric in (self._finished, self._step_errors, self._rank_failures, self._ttft, self._itl, self._e2e):
             for family in metric.collect():
                 # `_created` timestamps are dropped: the page keeps the series it had before
                 # prometheus_client.
                 family.samples = [s._replace(labels={MODEL_LABEL: view.model_name, **s.labels})
                                   for s in family.samples if not s.name.endswith("_created")]
-                yield family
+                if family.samples:   # rank_failures has none until a rank is lost (ranks are not known up front)
+                    yield family
 
 
 def _engine_families(view: _EngineView) -> Iterator[Metric]:

@@ -110,11 +110,11 @@ def run_host(engine_config) -> int:
         mine.resolve(model_config)
         ranks = LocalRanks(mine, ec.node_rank, store)
 
-        def host_failed(failed_rank: int, code: int) -> None:
+        def host_failed(failure) -> None:
             # on the watchdog thread: tell the driver (own store client), then take this host down
             client = launch.open_store(ec.master_addr, ec.master_port, False, 10.0)
-            if not client.check([launch.error_key(failed_rank)]):
-                launch.report_error(client, failed_rank, f"rank {failed_rank} on host {ec.node_rank} exited ({code})")
+            if failure.rank is not None and not client.check([launch.error_key(failure.rank)]):
+                launch.report_error(client, failure.rank, f"rank {failure.rank} on host {ec.node_rank} {failure.cause}")
             os._exit(1)
 
         ranks.spawn(on_failure=host_failed)

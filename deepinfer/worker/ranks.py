@@ -7,10 +7,15 @@ which does the same for its own ranks. `LocalRanks` is what both keep: their fol
 host's step ring, and a watchdog thread over the processes.
 
 Faults:
-- a follower that dies (any signal or exit before shutdown) is seen by the watchdog within 0.1 s: it
-  kills the host's other followers, so a driver blocked in a collective with them gets a gloo error
-  at once; the step (Worker.execute under `guard`) then raises RankFailure naming the rank, and the
-  driver tears the process group down (remote ranks waiting on it get errors and exit);
+- a follower that dies (any signal or exit before shutdown) is seen by the watchdog within 0.1 s,
+  whether or not a step runs; so is another host whose link to the driver closes
+  (distributed/host_links.py), an error a remote rank leaves in the store, and a step older than
+  rank_step_timeout (the follower it waits on is named hung: worker/rank_liveness.py). The watchdog
+  records the RankFailure, kills the host's other followers (so a driver blocked in a collective with
+  them gets a gloo error at once), tells other hosts to stop (KEY_STOP) and calls the listeners
+  (LLMEngine.watch_ranks: the server's engine thread). The step (Worker.execute under `guard`) raises
+  that RankFailure, and the driver tears the process group down (remote ranks waiting on it get
+  errors and exit);
 - a rank that fails to start (device, checkpoint, config) writes its traceback to the store: the
   driver's start fails with it;
 - the launcher killed: every follower has PR_SET_PDEATHSIG = SIGKILL (it dies with the thread that
@@ -35,12 +40,13 @@ import time
 import weakref
 from pathlib import Path
 
-from deepinfer.distributed import launch
+from deepinfer.distributed import host_links, launch
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
 from deepinfer.platforms import current_platform
 from deepinfer.worker import cache_engine
+from deepinfer.worker.rank_liveness import StepClock, bound_collectives, exit_text, silent_follower
 from deepinfer.worker.step_fanout import StepFanout, slot_bytes
 from deepinfer.worker.worker import Worker, kv_pool_blocks, resolve_dtype
 
@@ -51,20 +57,18 @@ RING_SLOTS = 4
 _POLL_S = 0.1
 _STOP_WAIT_S = 10.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+KEY_STOP = "deepinfer/stop"   # set by the driver's watchdog on a failure: every other host stops its ranks
 
 
 class RankFailure(RuntimeError):
-    """A rank of the model died or failed to start: the engine cannot run another step."""
+    """A rank of the model died, hung or failed to start: the engine cannot run another step.
+    rank: the global rank it names (None when none is known); cause: what happened to it, in words."""
     engine_dead = True
 
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
+    def __init__(self, message: str, rank: int | None = None, cause: str | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause
 
 
 def init_rank(engine_config, rank: int, local_rank: int, platform):
@@ -104,14 +108,18 @@ class LocalRanks:
         self._lock = threading.Lock()
         self._closing = False
         self._failed: RankFailure | None = None
-        self._on_failure = None
+        self._listeners: list = []
+        self._announced = False
+        self._host_links: host_links.HostLinks | None = None   # the driver of several hosts: one per host
+        self._link = None   # another host: its connection to the driver's HostLinks
         self._watch: threading.Thread | None = None
+        self.step_clock = StepClock()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- start --------------------------------------------------------------------------------
     def spawn(self, on_failure=None) -> None:
-        """Start this host's other ranks and the watchdog. on_failure(rank, code): called by the
-        watchdog (on its thread) after it killed the other followers."""
+        """Start this host's other ranks and the watchdog. on_failure(RankFailure): called by the
+        watchdog (on its thread) after it killed the other followers (as `add_listener`)."""
         config = json.dumps(dataclasses.asdict(self.config))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
@@ -120,7 +128,11 @@ class LocalRanks:
             cmd = [sys.executable, "-m", "deepinfer.worker.follower", "--rank", str(rank),
                    "--local-rank", str(local), "--parent-pid", str(os.getpid()), "--config", config]
             self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
-        self._on_failure = on_failure
+        if on_failure is not None:
+            self._listeners.append(on_failure)
+        if self.node_rank == 0 and self.config.nnodes > 1:
+            self._host_links = host_links.HostLinks(self.config.master_addr)
+            self.store.set(host_links.KEY_HOST_LINKS, str(self._host_links.port))
         self._watch = threading.Thread(target=self._watchdog, name="deepinfer-rank-watchdog", daemon=True)
         self._watch.start()
 
@@ -151,61 +163,168 @@ class LocalRanks:
             time.sleep(0.05)
 
     # -- faults -------------------------------------------------------------------------------
+    def add_listener(self, callback) -> None:
+        """callback(RankFailure) on the watchdog thread when a rank is lost (at once, on this thread,
+        when one already is); it must not block."""
+        with self._lock:
+            self._listeners.append(callback)
+            failed = self._failed
+        if failed is not None:
+            callback(failed)
+
+    @property
+    def failed(self) -> RankFailure | None:
+        """The failure the watchdog (or a step) recorded; any thread, no store round trip."""
+        return self._failed
+
     def _watchdog(self) -> None:
+        """Every _POLL_S, step or no step: a follower that ended; on the driver of several hosts, a host
+        whose link closed (distributed/host_links.py) or an error a remote rank left in the store; on
+        another host, the driver's stop word; a step the followers leave unanswered for longer than
+        rank_step_timeout. The first of these kills this host's followers and tells the listeners."""
+        store = self._watch_store()
+        driver = self.node_rank == 0
+        remote = driver and self.config.nnodes > 1 and store is not None
+        if not driver and store is not None:
+            self._connect_link(store)
+        timeout = float(getattr(self.config, "rank_step_timeout", 0) or 0)
         while True:
-            for rank, proc in list(self.procs.items()):
-                code = proc.poll()
-                if code is None or any(r == rank for r, _ in self._deaths):
-                    continue
-                with self._lock:
-                    self._deaths.append((rank, code))
-                    first = len(self._deaths) == 1 and not self._closing
-                if first:
-                    logger.error("rank %d (pid %d) %s", rank, proc.pid, _exit_text(code))
-                    self.kill_all()
-                    if self._on_failure is not None:
-                        self._on_failure(rank, code)
+            new = [(rank, proc.returncode) for rank, proc in list(self.procs.items())
+                   if proc.poll() is not None and all(r != rank for r, _ in self._deaths)]
+            lost_hosts = self._host_links.lost() if self._host_links is not None else []
+            with self._lock:
+                self._deaths += new
+                watching = not self._closing and not self._announced
+            if watching:
+                failure = self._failed   # a step's thread may have recorded it first
+                if failure is None and (new or remote):
+                    failure = self._settle(self._reported(store) if store is not None else {})
+                if failure is None and lost_hosts:
+                    failure = self._host_failure(lost_hosts[0])
+                if failure is None and not driver and store is not None and _stop_word(store):
+                    failure = self._record(RankFailure("the driver stopped the model (a rank failed)"))
+                if failure is None:
+                    took = self.step_clock.overdue(timeout)
+                    if took is not None:
+                        failure = self._hang_failure(took, timeout)
+                if failure is not None:
+                    self._fail(failure, store)
             with self._lock:
                 if self._closing and all(p.poll() is not None for p in self.procs.values()):
                     return
             time.sleep(_POLL_S)
 
-    def _reported(self) -> dict[int, str]:
+    def _connect_link(self, store) -> None:
+        """Another host: hold a connection to the driver, so its death is seen at once there."""
+        try:
+            port = int(store.get(host_links.KEY_HOST_LINKS))
+            self._link = host_links.connect(self.config.master_addr, port, self.node_rank)
+        except Exception:  # noqa: BLE001 - the driver still sees this host's errors through the store
+            logger.exception("could not open this host's link to the driver")
+
+    def _watch_store(self):
+        """The watchdog's own store client (a client is not shared across threads): what a follower
+        that exited left there names the failure. None when it cannot connect."""
+        try:
+            return launch.open_store(self.config.master_addr, self.config.master_port, False, 10.0)
+        except Exception:  # noqa: BLE001 - the store is gone: the followers' exits still count
+            logger.exception("the rank watchdog could not connect to the store")
+            return None
+
+    def _hang_failure(self, took: float, timeout: float) -> RankFailure | None:
+        lagging = self.ring.lagging_readers() if self.ring is not None else []
+        # with other hosts, a local follower that read the step and runs may only be waiting for them
+        named = silent_follower(self.procs, lagging, self.first_rank, guess=self.config.nnodes == 1)
+        if named is None:
+            if self.config.nnodes == 1:
+                return None
+            cause = f"hung: no answer to a step within {timeout:g} s from a rank on another host"
+            return self._record(RankFailure(f"a rank of the model failed: {cause}; the other hosts were told to "
+                                            f"stop after {took:.1f} s", None, cause))
+        rank, why = named
+        cause = f"did not answer a step within {timeout:g} s ({why})"
+        return self._record(RankFailure(f"a rank of the model failed: rank {rank} (pid {self.procs[rank].pid}) "
+                                        f"hung: {cause}; killed after {took:.1f} s", rank, f"hung: {cause}"))
+
+    def _host_failure(self, node: int) -> RankFailure:
+        rank = node * self.per_node
+        cause = "its host's link to the driver closed (the process died, or the host is unreachable)"
+        return self._record(RankFailure(f"a rank of the model failed: rank {rank} (`deepinfer follow` on host "
+                                        f"{node}) is gone: {cause}", rank, cause))
+
+    def _record(self, failure: RankFailure) -> RankFailure:
+        """The first failure recorded wins; returns it."""
+        with self._lock:
+            if self._failed is None:
+                self._failed = failure
+            return self._failed
+
+    def _fail(self, failure: RankFailure, store) -> None:
+        """Announce the failure once: log it, kill this host's followers, tell the other hosts (the
+        driver) and the listeners."""
+        with self._lock:
+            if self._announced:
+                return
+            self._announced = True
+            listeners = list(self._listeners)
+        logger.error("%s", f"{failure}".splitlines()[0])
+        self.kill_all()
+        if self._host_links is not None and store is not None:
+            try:
+                store.set(KEY_STOP, f"{failure}".splitlines()[0])
+            except Exception:  # noqa: BLE001 - the other hosts still see the process group go
+                pass
+        for callback in listeners:
+            try:
+                callback(failure)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the watchdog
+                logger.exception("rank failure listener failed")
+
+    def _reported(self, store=None) -> dict[int, str]:
         """Errors ranks left in the store (rank -> text)."""
+        store = self.store if store is None else store
         out = {}
         try:
-            if self.store.add(launch.KEY_ERRORS, 0) == 0:
+            if store.add(launch.KEY_ERRORS, 0) == 0:
                 return out
             for rank in range(self.world_size):
-                if self.store.check([launch.error_key(rank)]):
-                    out[rank] = self.store.get(launch.error_key(rank)).decode(errors="replace")
+                if store.check([launch.error_key(rank)]):
+                    out[rank] = store.get(launch.error_key(rank)).decode(errors="replace")
         except Exception:  # noqa: BLE001 - the store went down with the driver
             pass
         return out
 
     def failure(self) -> RankFailure | None:
-        """The first failure, preferring a death by signal, then an error that is not a peer's
-        connection closing (those follow from the first), then any. Main thread only (store)."""
+        """The first failure, preferring a hang the watchdog named, then a death by signal, then an
+        error that is not a peer's connection closing (those follow from the first), then any.
+        Calls the store: the thread that owns self.store only (the watchdog has its own)."""
         if self._failed is not None:
             return self._failed
+        return self._settle(self._reported())
+
+    def _settle(self, reported: dict[int, str]) -> RankFailure | None:
         with self._lock:
-            deaths = list(self._deaths)
-        reported = self._reported()
-        if not deaths and not reported:
-            return None
+            if self._failed is None:
+                self._failed = self._first_failure(list(self._deaths), reported)
+            return self._failed
+
+    def _first_failure(self, deaths, reported) -> RankFailure | None:
         candidates = []
         for rank, code in deaths:
             text = reported.get(rank)
             prio = 0 if code < 0 else (1 if text and "onnection closed" not in text else 2)
-            msg = f"rank {rank} (pid {self.procs[rank].pid}) {_exit_text(code)}"
-            candidates.append((prio, msg + (f":\n{text}" if text else "")))
+            cause = exit_text(code)
+            msg = f"rank {rank} (pid {self.procs[rank].pid}) {cause}"
+            candidates.append((prio, rank, cause, msg + (f":\n{text}" if text else "")))
         for rank, text in reported.items():
             if rank not in self.procs:
                 prio = 1 if "onnection closed" not in text else 2
-                candidates.append((prio, f"rank {rank} failed:\n{text}"))
-        candidates.sort(key=lambda c: c[0])
-        self._failed = RankFailure(f"a rank of the model failed: {candidates[0][1]}")
-        return self._failed
+                lines = text.strip().splitlines()
+                candidates.append((prio, rank, lines[-1] if lines else "failed", f"rank {rank} failed:\n{text}"))
+        if not candidates:
+            return None
+        _, rank, cause, msg = min(candidates, key=lambda c: c[0])   # the first seen of the best kind
+        return RankFailure(f"a rank of the model failed: {msg}", rank, cause)
 
     def raise_if_failed(self) -> None:
         failure = self.failure()
@@ -214,9 +333,11 @@ class LocalRanks:
 
     @contextlib.contextmanager
     def guard(self):
-        """Run one step; a collective that broke because a rank died becomes that rank's RankFailure."""
-        self.raise_if_failed()
+        """Run one step; a collective that broke because a rank died (or was killed for hanging)
+        becomes that rank's RankFailure. The step clock runs meanwhile (the watchdog's hang check)."""
         try:
+            self.raise_if_failed()
+            self.step_clock.begin()
             yield
         except RankFailure:
             self.teardown()
@@ -227,6 +348,8 @@ class LocalRanks:
                 raise
             self.teardown()
             raise failure from e
+        finally:
+            self.step_clock.end()
 
     def _await_failure(self, timeout_s: float) -> RankFailure | None:
         deadline = time.monotonic() + timeout_s
@@ -259,14 +382,24 @@ class LocalRanks:
                 proc.wait()
 
     def teardown(self) -> None:
-        """After a failure: no follower, no process group, no ring."""
+        """After a failure: announced (when the step's thread saw it first), then no follower, no
+        process group, no ring."""
+        if self._failed is not None:
+            self._fail(self._failed, self.store)
         with self._lock:
             self._closing = True
         self.kill_all()
         self._reap(_STOP_WAIT_S)
+        self._release()
+
+    def _release(self) -> None:
         launch.destroy_process_group()
         if self.ring is not None:
             self.ring.close()
+        if self._host_links is not None:
+            self._host_links.close()
+        if self._link is not None:
+            self._link.close()
 
     def close(self, fanout: StepFanout | None = None) -> None:
         """Stop the followers (told through the ring when they are healthy), then release everything."""
@@ -281,9 +414,7 @@ class LocalRanks:
             except Exception:  # noqa: BLE001 - a follower died meanwhile: kill what is left
                 logger.exception("could not send the stop message")
         self._reap(_STOP_WAIT_S)
-        launch.destroy_process_group()
-        if self.ring is not None:
-            self.ring.close()
+        self._release()
 
     def abort(self) -> None:
         self.teardown()
@@ -294,6 +425,13 @@ class LocalRanks:
     @property
     def pids(self) -> dict[int, int]:
         return {rank: p.pid for rank, p in self.procs.items()}
+
+
+def _stop_word(store) -> bool:
+    try:
+        return store.check([KEY_STOP])
+    except Exception:  # noqa: BLE001 - the store went down with the driver: the process group ends us
+        return False
 
 
 def _close_at_exit(ref) -> None:
@@ -333,6 +471,7 @@ def start_worker(model_config, engine_config, platform=None) -> Worker:
         raise
     ranks.fanout = fanout
     worker.ranks = ranks
+    bound_collectives([groups.cp, groups.lane, groups.ep, groups.dp_leaders, host_group], ec.rank_step_timeout)
     logger.info("model on %d ranks (cp=%d, ep=%d, lanes of %d, %d host(s)); followers %s", layout.world_size,
                 layout.cp, layout.ep, layout.attn_tp, layout.nnodes, ranks.pids)
     return worker
