@@ -127,7 +127,7 @@ class EngineConfig:
         help="which drafts a decode row verifies: 'all' of them (a seeded sampled request's tokens do not "
              "depend on the batch); 'confidence': per step, the drafts with the highest predicted "
              "acceptance, as many as maximise expected tokens per measured step time (greedy tokens are "
-             "unchanged, sampled ones stay distributed as the target; engine/spec_schedule.py)")
+             "unchanged, sampled ones stay distributed as the target; spec/verify_plan.py)")
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
