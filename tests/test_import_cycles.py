@@ -105,3 +105,23 @@ def test_platforms_never_import_worker_or_engine():
     bad = [(m, d) for m, deps in g.items() if m.startswith("deepinfer.platforms")
            for d in deps if d.startswith(("deepinfer.worker", "deepinfer.engine", "deepinfer.entrypoints", "serve"))]
     assert not bad, bad
+
+
+def _arrows(graph, sources: tuple[str, ...], targets: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Imports from a module of the `sources` packages into one of the `targets` packages."""
+    def within(name, packages):
+        return any(name == p or name.startswith(p + ".") for p in packages)
+    return [(m, d) for m, deps in graph.items() if within(m, sources) for d in deps if within(d, targets)]
+
+
+def test_spec_worker_and_engine_keep_their_layers():
+    """docs/architecture.md §5: spec/ imports neither the worker, the executor nor the engine (it gets the
+    runner as an object); the worker never imports the executor (its runner knows only the transport
+    protocol) nor the engine; the engine reaches ranks only through the executor."""
+    g = import_graph()
+    assert not _arrows(g, ("deepinfer.spec",), ("deepinfer.worker", "deepinfer.executor", "deepinfer.engine"))
+    assert not _arrows(g, ("deepinfer.worker",), ("deepinfer.executor", "deepinfer.engine"))
+    assert not _arrows(g, ("deepinfer.engine",), ("deepinfer.worker", "deepinfer.distributed"))
+    # the checker sees the arrows that must exist
+    assert _arrows(g, ("deepinfer.engine",), ("deepinfer.executor",))
+    assert _arrows(g, ("deepinfer.worker",), ("deepinfer.spec",))
