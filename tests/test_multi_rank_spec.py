@@ -57,7 +57,7 @@ def _generate(path, monkeypatch, plain_tokens, **kw):
             ranks = getattr(llm.llm_engine.executor, "ranks", None)   # none on one rank
             pids = [] if ranks is None else list(ranks.pids.values())
             outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-            stats = llm.llm_engine.scheduler.spec.stats.snapshot()
+            stats = llm.llm_engine.scheduler.spec_policy.stats.snapshot()
         assert not any(alive(p) for p in pids), "close() left a follower running"
     return [list(o.outputs[0].token_ids) for o in outs], seen, stats
 

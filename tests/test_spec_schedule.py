@@ -119,8 +119,8 @@ def _decoding_scheduler(policy, confidences):
 def test_scheduler_rows_carry_only_their_planned_drafts():
     confs = [[0.99, 0.99, 0.99], [0.0, 0.9, 0.9], [0.9, 0.05, 0.9]]
     sched = _decoding_scheduler("confidence", confs)
-    sched.spec.step_times.record(3, 3, 1.0)
-    sched.spec.step_times.record(3, 12, 1.09)  # 0.01 s a query row
+    sched.spec_policy.step_times.record(3, 3, 1.0)
+    sched.spec_policy.step_times.record(3, 12, 1.09)  # 0.01 s a query row
     out = sched.schedule()
     assert [len(s.draft_token_ids) for s in out.scheduled] == [3, 0, 1]
     assert [s.draft_token_ids for s in out.scheduled] == [[20, 21, 22], [], [20]]
@@ -128,8 +128,8 @@ def test_scheduler_rows_carry_only_their_planned_drafts():
     # the row budget caps the drafts: 5 rows = the 3 decodes + the 2 best drafts
     sched = _decoding_scheduler("confidence", confs)
     sched.config.max_num_batched_tokens = 5
-    sched.spec.step_times.record(3, 3, 1.0)
-    sched.spec.step_times.record(3, 12, 1.09)
+    sched.spec_policy.step_times.record(3, 3, 1.0)
+    sched.spec_policy.step_times.record(3, 12, 1.09)
     out = sched.schedule()
     assert [len(s.draft_token_ids) for s in out.scheduled] == [2, 0, 0] and out.num_batched_tokens == 5
 

@@ -277,7 +277,7 @@ class LLMEngine:
         t2 = time.perf_counter()
         if sched.scheduled and all(item.is_decode for item in sched.scheduled):
             # the step-time model of speculative_verify="confidence" (spec/step_times.py)
-            self.scheduler.spec.step_times.record(len(sched.scheduled), sched.num_batched_tokens, t2 - t1)
+            self.scheduler.spec_policy.step_times.record(len(sched.scheduled), sched.num_batched_tokens, t2 - t1)
         changed = self.scheduler.update(sched.scheduled, result)
         t3 = time.perf_counter()
 
@@ -369,4 +369,4 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_finished_requests=self._num_finished_requests,
             num_graphs=getattr(getattr(self.worker, "runner", None), "num_graphs", None),
-            spec_decode=self.scheduler.spec.stats.snapshot())
+            spec_decode=self.scheduler.spec_policy.stats.snapshot())

@@ -83,7 +83,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # kept in arrival order: the tail is the preemption victim
         self.num_preemptions = 0
         # which drafts each row verifies, the step times and calibration behind it, the counters
-        self.spec = VerifyPolicy(engine_config.speculative_verify)
+        self.spec_policy = VerifyPolicy(engine_config.speculative_verify)
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -124,7 +124,7 @@ class Scheduler:
         if not seq.draft_token_ids:
             return want, []
         room = min(budget, self.block_manager.max_tokens_coverable(seq) - seq.num_computed_tokens)
-        return self.spec.fit_prompt_chunk(seq, want, room)
+        return self.spec_policy.fit_prompt_chunk(seq, want, room)
 
     def schedule(self) -> SchedulerOutput:
         bm = self.block_manager
@@ -194,7 +194,7 @@ class Scheduler:
 
     def _plan_drafts(self, decodes: list[Sequence], budget: int) -> dict[int, int]:
         """seq_id -> drafts its decode row verifies this step (VerifyPolicy.plan)."""
-        return self.spec.plan(decodes, budget)
+        return self.spec_policy.plan(decodes, budget)
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
                   is_decode: bool = False, drafts: list[int] | None = None) -> None:
@@ -246,7 +246,7 @@ class Scheduler:
                     break
             if item.is_decode:
                 # seq's drafts are still the ones this row held (set_drafts below replaces them)
-                self.spec.record_row(seq, len(item.draft_token_ids), group.num_accepted, seq.num_last_emitted)
+                self.spec_policy.record_row(seq, len(item.draft_token_ids), group.num_accepted, seq.num_last_emitted)
             changed.append(seq)
             if seq.is_finished:
                 self.running.remove(seq)
@@ -255,7 +255,7 @@ class Scheduler:
             else:
                 seq.set_drafts(group.proposal)
         if any(item.is_decode for item in scheduled):
-            self.spec.record_step()
+            self.spec_policy.record_step()
         return changed
 
 

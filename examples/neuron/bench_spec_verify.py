@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                                  speculative_verify="confidence", **common)}
     if args.uncalibrated:
         raw = LLM(args.model, num_speculative_tokens=args.nextn, speculative_verify="confidence", **common)
-        raw.llm_engine.scheduler.spec.calibration = _NoCalibration()
+        raw.llm_engine.scheduler.spec_policy.calibration = _NoCalibration()
         engines["confidence-raw"] = raw
     times = {(e, b): [] for e in engines for b in args.batch}
     stats, tokens = {}, {}
