@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_follow(args: argparse.Namespace) -> int:
     import logging
 
-    from deepinfer.worker.follower import run_host
+    from deepinfer.executor.follower import run_host
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         engine_config = engine_config_from_args(args)

@@ -123,7 +123,7 @@ class EngineConfig:
     master_port: int | None = _option(
         None, value_type=int, default_text="a free port on a single node; required with nnodes > 1",
         help="TCP port of the torch.distributed store on master_addr")
-    # A hung follower leaves the driver in a collective: past this the watchdog kills it (worker/ranks.py).
+    # A hung follower leaves the driver in a collective: past this the watchdog kills it (executor/local_ranks.py).
     rank_step_timeout: int = _option(
         help="seconds a step may wait for a follower rank before that rank is named hung, killed and the "
              "engine fails (0: wait forever); well above the slowest step, a first graph compile included",
@@ -138,7 +138,7 @@ class EngineConfig:
         help="which drafts a decode row verifies: 'all' of them (a seeded sampled request's tokens do not "
              "depend on the batch); 'confidence': per step, the drafts with the highest predicted "
              "acceptance, as many as maximise expected tokens per measured step time (greedy tokens are "
-             "unchanged, sampled ones stay distributed as the target; engine/spec_schedule.py)")
+             "unchanged, sampled ones stay distributed as the target; spec/verify_plan.py)")
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:

@@ -103,7 +103,7 @@ class RequestMetrics:
     num_decode_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # Sum over verified drafts of |accepted - predicted acceptance| (engine/spec_state.py).
+    # Sum over verified drafts of |accepted - predicted acceptance| (spec/stats.py).
     confidence_error_sum: float = 0.0
 
     @property

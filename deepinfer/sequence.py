@@ -110,7 +110,7 @@ class Sequence:
     num_decode_tokens: int = 0   # tokens those steps emitted
     num_draft_tokens: int = 0    # drafts verified
     num_accepted_tokens: int = 0  # drafts accepted
-    confidence_error_sum: float = 0.0  # engine/spec_state.confidence_error over its verified drafts
+    confidence_error_sum: float = 0.0  # spec/stats.confidence_error over its verified drafts
     # prompt + outputs, kept alongside output_token_ids so reading token_ids copies nothing.
     _token_ids: list[int] = field(init=False, repr=False)
 
@@ -176,7 +176,12 @@ class Sequence:
         self.last_token_time = now
 
     def truncate(self, new_len: int) -> None:
-        """Reset the sequence to its first `new_len` tokens (speculative-decoding rollback).
+        """Cut the sequence back to its first `new_len` tokens.
+
+        No engine path calls this: speculative decoding never appends a rejected draft (the
+        scheduler appends only the tokens a step emitted, engine/scheduler.py `update`) and
+        preemption recomputes instead. It is the one way to shorten a sequence that keeps every
+        output snapshot handed out earlier true (below; tests/test_request_outputs.py).
 
         Output tokens past new_len are dropped with their logprobs; the cache needs nothing
         else, because every cache entry is keyed by position and is rewritten before it is read
@@ -199,7 +204,7 @@ class Sequence:
         self.num_emitted_tokens = min(self.num_emitted_tokens, keep)
 
     def set_drafts(self, proposal) -> None:
-        """Keep a worker/spec_decode.DraftProposal for the next step (None: no drafts)."""
+        """Keep a step_result.DraftProposal for the next step (None: no drafts)."""
         if proposal is None:
             self.draft_token_ids, self.draft_logprobs, self.draft_confidences = [], None, []
         else:

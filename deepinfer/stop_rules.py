@@ -2,7 +2,8 @@
 
 Both halves of the rule live here so they cannot drift apart:
   - before sampling, the worker asks `banned_token_ids`: the ids that would end a sequence before
-    it has min_tokens outputs (its stop_token_ids, and EOS unless ignore_eos);
+    it has min_tokens outputs (its stop_token_ids, and EOS unless ignore_eos); the speculative step
+    asks the same for each draft depth (`ahead`);
   - after a token is appended, the scheduler calls `apply_stop_rules`, which detokenizes it (stop
     strings are matched on the released text) and finishes the sequence when a rule fires.
 
@@ -26,10 +27,12 @@ def _min_tokens(params) -> int:
     return getattr(params, "min_tokens", 0) or 0
 
 
-def banned_token_ids(seq, eos_token_ids) -> list[int]:
-    """Ids the next sample of `seq` must not take: those that would stop it before min_tokens."""
+def banned_token_ids(seq, eos_token_ids, ahead: int = 0) -> list[int]:
+    """Ids the next sample of `seq` must not take: those that would stop it before min_tokens.
+    ahead: of the sample `ahead` outputs later instead, as if the tokens before it were appended
+    (speculative decoding drafts and verifies several outputs in one step, spec/decoder.py)."""
     p = seq.sampling_params
-    if len(seq.output_token_ids) >= _min_tokens(p):
+    if len(seq.output_token_ids) + ahead >= _min_tokens(p):
         return []
     banned = list(getattr(p, "stop_token_ids", None) or [])
     if not getattr(p, "ignore_eos", False):

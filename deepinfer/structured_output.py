@@ -12,7 +12,7 @@ logits_penalties.py); after a token is appended, stop_rules.py advances the matc
 recomputes the bitmask. The state lives on the sequence, so preemption by recompute keeps it:
 the recomputed sequence resumes at the same output position with the same matcher.
 
-Speculative decoding (worker/spec_decode.py) needs the masks a few tokens ahead, along tokens that
+Speculative decoding (spec/decoder.py, spec/proposer.py) needs the masks a few tokens ahead, along tokens that
 are not committed: `GrammarState.masks_along` walks the matcher along them, fills a mask after each,
 and rolls the matcher back to where it was, so only the scheduler's appends ever move it.
 

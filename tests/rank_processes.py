@@ -42,7 +42,7 @@ def signal_after_steps(worker, pid: int, sig: int, steps: int = 5, timeout_s: fl
 
     def run():
         deadline = time.monotonic() + timeout_s
-        while worker.runner.fanout.steps_published < steps and time.monotonic() < deadline:
+        while worker.runner.transport.steps_published < steps and time.monotonic() < deadline:
             time.sleep(0.01)
         sent.append(time.monotonic())
         os.kill(pid, sig)

@@ -265,7 +265,7 @@ def _verify_run(d, model, strategy_cls, platform=None, drafts=3, oracle_of=None,
     worker = Worker(cfg, ec, model=model, strategy_cls=strategy_cls, platform=platform)
     llm = LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
     tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-    return tokens, worker.runner.strategy, llm.llm_engine.scheduler.spec_stats
+    return tokens, worker.runner.strategy, llm.llm_engine.scheduler.spec_policy.stats
 
 
 def test_verification_rows_replay_graphs_of_their_own_buckets(tiny_v41_dir, monkeypatch):

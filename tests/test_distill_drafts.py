@@ -44,7 +44,7 @@ def test_speculative_greedy_with_a_distilled_draft_equals_plain_greedy(tiny_v41_
         plain = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
     with LLM(str(out), **engine, num_speculative_tokens=3) as llm:
         spec = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-        stats = llm.llm_engine.scheduler.spec_stats
+        stats = llm.llm_engine.scheduler.spec_policy.stats
     assert spec == plain
     print(f"distilled draft: {stats.tokens_per_step:.2f} tokens per step, accept rates {stats.accept_rates}")
     assert stats.num_accepted_tokens > 0 and stats.tokens_per_step > 1.2, stats

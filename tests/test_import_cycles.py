@@ -112,7 +112,7 @@ def test_platforms_never_import_worker_or_engine():
 
 RUNTIME = ("deepinfer", "serve")
 ABOVE_MODEL = ("deepinfer.worker", "deepinfer.engine", "deepinfer.entrypoints", "deepinfer.platforms",
-               "deepinfer.serve", "deepinfer.tools", "deepinfer.cli", "serve")
+               "deepinfer.serve", "deepinfer.tools", "deepinfer.cli", "deepinfer.executor", "deepinfer.spec", "serve")
 # distributed -> model_executor edges that remain: the step codec encodes the model's step types
 # (StepInputs, CompressMeta, Bucket) for the follower ranks, and the shared Engram tables are filled
 # through the loader. Each closes the package circle model_executor -> distributed (collectives,
@@ -155,3 +155,23 @@ def test_layering_checks_see_a_violation():
     g["deepinfer.model_executor.shard_plan"] = g["deepinfer.model_executor.shard_plan"] | {"deepinfer.worker.worker"}
     assert [(m, d) for m, deps in g.items() if _in(m, ("deepinfer.model_executor",))
             for d in deps if _in(d, ABOVE_MODEL)] == [("deepinfer.model_executor.shard_plan", "deepinfer.worker.worker")]
+
+
+def _arrows(graph, sources: tuple[str, ...], targets: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Imports from a module of the `sources` packages into one of the `targets` packages."""
+    def within(name, packages):
+        return any(name == p or name.startswith(p + ".") for p in packages)
+    return [(m, d) for m, deps in graph.items() if within(m, sources) for d in deps if within(d, targets)]
+
+
+def test_spec_worker_and_engine_keep_their_layers():
+    """docs/architecture.md §5: spec/ imports neither the worker, the executor nor the engine (it gets the
+    runner as an object); the worker never imports the executor (its runner knows only the transport
+    protocol) nor the engine; the engine reaches ranks only through the executor."""
+    g = import_graph()
+    assert not _arrows(g, ("deepinfer.spec",), ("deepinfer.worker", "deepinfer.executor", "deepinfer.engine"))
+    assert not _arrows(g, ("deepinfer.worker",), ("deepinfer.executor", "deepinfer.engine"))
+    assert not _arrows(g, ("deepinfer.engine",), ("deepinfer.worker", "deepinfer.distributed"))
+    # the checker sees the arrows that must exist
+    assert _arrows(g, ("deepinfer.engine",), ("deepinfer.executor",))
+    assert _arrows(g, ("deepinfer.worker",), ("deepinfer.spec",))

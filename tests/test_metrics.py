@@ -109,7 +109,7 @@ def test_engine_values_are_read_from_the_snapshot_at_scrape_time():
 
 
 def test_speculative_decoding_counters_and_per_depth_accept_rates():
-    from deepinfer.engine.spec_state import SpecDecodeStats
+    from deepinfer.spec.stats import SpecDecodeStats
     spec = SpecDecodeStats()
     spec.record(3, 2, 3, confidences=[1.0, 0.5, 0.5])  # estimates 1, .5, .25: errors 0, .5, .25
     spec.record(3, 0, 1, num_offered=4)

@@ -79,15 +79,15 @@ def test_tokens_equal_single_rank(references, kind, name):
     with LLM(path, **ENGINE, **CONFIGS[name]) as llm:
         worker = llm.llm_engine.worker
         layout = worker.parallel.layout
-        assert layout.world_size == max(layout.cp, layout.ep) == len(worker.ranks.pids) + 1
-        pids = list(worker.ranks.pids.values())
+        assert layout.world_size == max(layout.cp, layout.ep) == len(llm.llm_engine.executor.ranks.pids) + 1
+        pids = list(llm.llm_engine.executor.ranks.pids.values())
         assert all(alive(p) for p in pids)
         tokens, scores = _run(llm)
         assert tokens == expected
         assert [sorted(s) for s in scores] == [sorted(s) for s in expected_scores]
         for got, want in zip(scores, expected_scores):
             assert all(abs(got[t] - want[t]) < 1e-4 for t in want)
-        assert worker.runner.fanout.steps_published >= 5
+        assert worker.runner.transport.steps_published >= 5
     assert not any(alive(p) for p in pids), "close() left a follower running"
 
 

@@ -1,4 +1,4 @@
-"""Faults of a model on several ranks (worker/ranks.py): a follower killed mid-generation, the driver
+"""Faults of a model on several ranks (executor/local_ranks.py): a follower killed mid-generation, the driver
 killed, a follower host that cannot start. Real processes; /dev/shm is checked after every test
 (conftest.no_ring_segment_left)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.distributed.launch import free_port
-from deepinfer.worker.ranks import RankFailure
+from deepinfer.executor.local_ranks import RankFailure
 from rank_processes import alive, child_env, signal_after_steps, wait_gone
 
 ENGINE = dict(max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
@@ -26,7 +26,7 @@ def test_follower_killed_mid_generation(tiny_v4_dir):
     the follower dies; the step raises RankFailure naming rank 1 within 10 s."""
     llm = LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2)
     worker = llm.llm_engine.worker
-    pid = worker.ranks.pids[1]
+    pid = llm.llm_engine.executor.ranks.pids[1]
     killer, killed = signal_after_steps(worker, pid, signal.SIGKILL)
     try:
         with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
@@ -50,7 +50,7 @@ followers = []
 atexit.register(lambda: print("AT_EXIT_RUNNING", [p for p in followers if os.path.exists(f"/proc/{p}")], flush=True))
 llm = LLM(sys.argv[1], max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
           enforce_eager=True, skip_tokenizer_init=True, dtype="float32", context_parallel_size=2)
-followers += llm.llm_engine.worker.ranks.pids.values()
+followers += llm.llm_engine.executor.ranks.pids.values()
 print("FOLLOWERS", *followers, flush=True)
 while True:
     llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=200, ignore_eos=True), use_tqdm=False)

@@ -1,6 +1,6 @@
 """Speculative decoding on a model spread over ranks (docs/architecture.md §8, docs/model.md §3.8).
 
-Every rank runs the DSpark draft forward too (worker/step_fanout.py `prepare_draft`): the draft
+Every rank runs the DSpark draft forward too (executor/step_fanout.py `prepare_draft`): the draft
 layers' attention is split over the lane and their MoE over the EP group, so a follower that skipped
 the draft block, or ran other rows, would hang the collectives or change the drafts. The driver
 alone samples and verifies.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.worker import spec_decode
+from deepinfer.spec import proposer
 from rank_processes import alive
 from test_spec_decode import _oracle
 
@@ -35,7 +35,7 @@ DRAFTS = 3
 def _record(monkeypatch) -> list:
     """Every proposal the draft forward made: (prompt length, outputs before it, ids, confidences)."""
     seen = []
-    real = spec_decode.SpecDecoder._draft
+    real = proposer.DraftProposer.propose
 
     def draft(self, scheduled, results):
         real(self, scheduled, results)
@@ -44,7 +44,7 @@ def _record(monkeypatch) -> list:
             if prop:
                 seen.append((s.seq.prompt_len, s.seq.num_output_tokens + len(results[i].tokens),
                              list(prop.token_ids), list(prop.confidences)))
-    monkeypatch.setattr(spec_decode.SpecDecoder, "_draft", draft)
+    monkeypatch.setattr(proposer.DraftProposer, "propose", draft)
     return seen
 
 
@@ -54,10 +54,10 @@ def _generate(path, monkeypatch, plain_tokens, **kw):
         seen = _record(m)
         _oracle(m, PROMPTS, plain_tokens)
         with LLM(path, **ENGINE, num_speculative_tokens=DRAFTS, **kw) as llm:
-            worker = llm.llm_engine.worker
-            pids = [] if worker.ranks is None else list(worker.ranks.pids.values())
+            ranks = getattr(llm.llm_engine.executor, "ranks", None)   # none on one rank
+            pids = [] if ranks is None else list(ranks.pids.values())
             outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-            stats = llm.llm_engine.scheduler.spec_stats.snapshot()
+            stats = llm.llm_engine.scheduler.spec_policy.stats.snapshot()
         assert not any(alive(p) for p in pids), "close() left a follower running"
     return [list(o.outputs[0].token_ids) for o in outs], seen, stats
 
@@ -102,11 +102,11 @@ def test_follower_killed_in_a_draft_block(tiny_v41_dir, monkeypatch):
     import signal
     import time
 
+    from deepinfer.executor.local_ranks import RankFailure
     from deepinfer.worker.model_runner import ModelRunner
-    from deepinfer.worker.ranks import RankFailure
     llm = LLM(str(tiny_v41_dir), **ENGINE, num_speculative_tokens=DRAFTS, expert_parallel_size=2)
     worker = llm.llm_engine.worker
-    pid = worker.ranks.pids[1]
+    pid = llm.llm_engine.executor.ranks.pids[1]
     real, blocks, killed = ModelRunner.execute_draft, [], []
 
     def execute_draft(self, prepared):

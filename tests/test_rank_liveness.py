@@ -1,4 +1,4 @@
-"""A lost rank is seen at once, step or no step (worker/ranks.py watchdog, worker/rank_liveness.py),
+"""A lost rank is seen at once, step or no step (executor/local_ranks.py watchdog, executor/rank_liveness.py),
 and the server says so: 503 naming the rank and the cause on /health and every endpoint but /metrics,
 every request ended, then the --on-rank-failure policy (exit: code 1; serve-503: stays up).
 
@@ -23,8 +23,8 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.distributed.launch import free_port
-from deepinfer.worker.rank_liveness import StepClock, exit_text, process_state, silent_follower
-from deepinfer.worker.ranks import RankFailure
+from deepinfer.executor.rank_liveness import StepClock, exit_text, process_state, silent_follower
+from deepinfer.executor.local_ranks import RankFailure
 from rank_processes import alive, child_env, signal_after_steps, wait_gone
 from test_server_support import MODEL_NAME, ServerProcess, metric_values, parse_sse
 
@@ -133,10 +133,10 @@ def test_llm_follower_killed_while_idle(tiny_v4_dir):
     with LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2) as llm:
         engine = llm.llm_engine
         llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3), use_tqdm=False)
-        pid = engine.worker.ranks.pids[1]
+        pid = engine.executor.ranks.pids[1]
         t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        seen = _wait_failed(engine.worker.ranks, t0, DETECT_S)
+        seen = _wait_failed(engine.executor.ranks, t0, DETECT_S)
         print(f"\nLLM idle SIGKILL: recorded after {seen:.3f} s")
         for _ in range(2):   # this call and the next one
             t1 = time.monotonic()
@@ -155,7 +155,7 @@ def test_llm_follower_stopped_mid_generation_is_named_hung(tiny_v4_dir):
     kills it, so the driver's collective ends and the call raises RankFailure; so does the next one."""
     llm = LLM(str(tiny_v4_dir), **ENGINE, expert_parallel_size=2, rank_step_timeout=HANG_TIMEOUT_S)
     worker = llm.llm_engine.worker
-    pid = worker.ranks.pids[1]
+    pid = llm.llm_engine.executor.ranks.pids[1]
     stopper, stopped = signal_after_steps(worker, pid, signal.SIGSTOP)
     try:
         with pytest.raises(RankFailure, match=rf"rank 1 \(pid {pid}\) hung: did not answer a step within "
@@ -202,7 +202,7 @@ def test_llm_follower_on_other_host_killed_while_idle(tiny_v4_dir):
             assert len(rank3) == 1, rank3
             t0 = time.monotonic()
             os.kill(rank3[0], signal.SIGKILL)
-            seen = _wait_failed(llm.llm_engine.worker.ranks, t0, DETECT_S)
+            seen = _wait_failed(llm.llm_engine.executor.ranks, t0, DETECT_S)
             print(f"\nfollower on the other host SIGKILL while idle: recorded after {seen:.3f} s")
             with pytest.raises(RankFailure, match=r"rank 3 failed:\s+rank 3 on host 1 was killed by SIGKILL") as e:
                 llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=5), use_tqdm=False)
@@ -226,7 +226,7 @@ def test_llm_other_host_killed_while_idle(tiny_v4_dir):
             llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3), use_tqdm=False)
             t0 = time.monotonic()
             node1.kill()
-            seen = _wait_failed(llm.llm_engine.worker.ranks, t0, DETECT_S)
+            seen = _wait_failed(llm.llm_engine.executor.ranks, t0, DETECT_S)
             print(f"\nother host SIGKILL while idle: recorded after {seen:.3f} s")
             t1 = time.monotonic()
             with pytest.raises(RankFailure, match=r"rank 1 \(`deepinfer follow` on host 1\) is gone") as e:
@@ -243,7 +243,7 @@ def test_llm_other_host_frozen_mid_generation(tiny_v4_dir):
     """SIGSTOP `deepinfer follow` (host 1) mid-generation: it can neither answer nor obey the stop word.
     The watchdog names the hang at the rank step timeout; the driver's collective gives up at its own
     timeout (rank_liveness.bound_collectives), so the call raises RankFailure instead of waiting."""
-    from deepinfer.worker.rank_liveness import COLLECTIVE_GRACE_S
+    from deepinfer.executor.rank_liveness import COLLECTIVE_GRACE_S
     port = free_port()
     node1 = _other_host(tiny_v4_dir, port)
     try:

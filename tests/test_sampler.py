@@ -7,9 +7,10 @@ import torch
 
 from deepinfer.model_executor.layers import logits_filters
 from deepinfer.model_executor.layers.sample_draw import (
-    MTP_SEED_OFFSET, sample_from_logprobs, sample_from_probs, sample_uniforms, splitmix64, verify_uniforms)
+    sample_from_logprobs, sample_from_probs, sample_uniforms, splitmix64, verify_uniforms)
 from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.spec.proposer import DRAFT_SEED_OFFSET
 
 M64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -103,9 +104,9 @@ def test_uniforms_match_pure_python_u64():
 
 
 def test_seed_wraps_mod_2_64():
-    # A draft stream passes seed + MTP_SEED_OFFSET, which may pass 2**64.
+    # A draft stream passes seed + DRAFT_SEED_OFFSET, which may pass 2**64.
     s = 2**64 - 5
-    assert sample_uniforms([s + MTP_SEED_OFFSET], [3]).tolist() == [uniform_py((s + MTP_SEED_OFFSET) & M64, 3)]
+    assert sample_uniforms([s + DRAFT_SEED_OFFSET], [3]).tolist() == [uniform_py((s + DRAFT_SEED_OFFSET) & M64, 3)]
 
 
 # ---- against the reference -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from deepinfer.engine_config import EngineConfig
 from deepinfer.entrypoints.llm import LLM
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence, SequenceStatus
+from deepinfer.step_result import StepResult, sampled_rows
 
 VOCAB = 64
 EOS = 1
@@ -90,7 +91,7 @@ class ToyWorker:
                 out.token_ranks.append(1 + tok % 3)
                 out.top_ids.append([tok, (tok + 1) % VOCAB, (tok + 2) % VOCAB])
                 out.top_logprobs.append([-0.1, -1.0, -2.0])
-        return out
+        return StepResult(sampled_rows(out))
 
 
 def _model_config(max_pos=256):
@@ -150,7 +151,7 @@ def _seq(seq_id, n_prompt, arrival=None, params=None):
 
 def _fake_update(sched, out, token=7):
     n = sum(s.do_sample for s in out.scheduled)
-    return sched.update(out.scheduled, ToySamplerOutput([token] * n, [0.0] * n))
+    return sched.update(out.scheduled, StepResult(sampled_rows(ToySamplerOutput([token] * n, [0.0] * n))))
 
 
 def test_chunked_prefill_splits_long_prompt_and_samples_only_at_the_end():

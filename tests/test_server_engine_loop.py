@@ -163,12 +163,12 @@ def test_repeated_step_errors_kill_the_engine():
 
 
 class _LostRankEngine(FakeEngine):
-    """A multi-rank engine whose follower died: the step raises worker/ranks.py RankFailure; close()
+    """A multi-rank engine whose follower died: the step raises executor/local_ranks.py RankFailure; close()
     is what the engine thread calls on its way out."""
     closed = 0
 
     def step(self):
-        from deepinfer.worker.ranks import RankFailure
+        from deepinfer.executor.local_ranks import RankFailure
         raise RankFailure("a rank of the model failed: rank 1 (pid 42) was killed by SIGKILL")
 
     def close(self):

@@ -1,4 +1,4 @@
-"""Speculative decoding for requests with logprobs and with a grammar (worker/spec_decode.py), end to end on
+"""Speculative decoding for requests with logprobs and with a grammar (spec/decoder.py), end to end on
 the tiny V4.1 checkpoint.
 
 Logprobs rows draft, and every emitted token carries the entries the plain sampler gives there: greedy
@@ -207,7 +207,7 @@ def test_verify_reports_logprob_entries_and_applies_each_depths_mask():
     from test_spec_verify import mixed_case
 
     from deepinfer.model_executor.layers.sampler import Sampler
-    from deepinfer.model_executor.layers.spec_verify import VerifyBatch, verify
+    from deepinfer.spec.verify import VerifyBatch, verify
     params, logits, drafts, draft_lp = mixed_case(r=30, b=3, vocab=40, seed=6)
     params = [copy.copy(p) for p in params]
     for i, p in enumerate(params):

@@ -15,7 +15,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.engine.llm_engine import LLMEngine
 from deepinfer.engine_config import EngineConfig
-from deepinfer.worker import spec_decode
+from deepinfer.spec import decoder, proposer
 from deepinfer.worker.worker import Worker, build_model
 
 
@@ -55,7 +55,7 @@ def _oracle(monkeypatch, prompts, continuations, corrupt=0.3):
     probability `corrupt` (a fixed draw per sequence, position and depth), so accepted runs and
     rejections at every depth both happen."""
     truth = {tuple(p["prompt_token_ids"]): c for p, c in zip(prompts, continuations)}
-    real = spec_decode.SpecDecoder._draft
+    real = proposer.DraftProposer.propose
 
     def draft(self, scheduled, results):
         real(self, scheduled, results)
@@ -71,7 +71,7 @@ def _oracle(monkeypatch, prompts, continuations, corrupt=0.3):
                 bad = random.Random(s.seq.prompt_len * 100003 + (done + j) * 17 + j).random() < corrupt
                 ids.append((t + 1) % 128000 if bad else t)
             prop.token_ids = ids
-    monkeypatch.setattr(spec_decode.SpecDecoder, "_draft", draft)
+    monkeypatch.setattr(proposer.DraftProposer, "propose", draft)
 
 
 def test_greedy_with_real_drafts_equals_plain_greedy(v41, plain):
@@ -162,12 +162,12 @@ def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, m
     prompts = [prompts[0], prompts[3]]  # 3 and 40 tokens: the long prompt is chunked while the short one decodes
     params = [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=1, logprobs=2)]
     ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
-    mixed, execute = [], spec_decode.SpecDecoder.execute
+    mixed, execute = [], decoder.SpecDecoder.execute
 
-    def recording(self, worker, scheduled, chunks, scores):
-        mixed.append(any(s.draft_ids for s in scheduled) and any(s.do_sample and not s.draft_ids for s in scheduled))
-        return execute(self, worker, scheduled, chunks, scores)
-    monkeypatch.setattr(spec_decode.SpecDecoder, "execute", recording)
+    def recording(self, scheduled, chunks, plain_samples, scores):
+        mixed.append(any(s.draft_token_ids for s in scheduled) and any(s.do_sample and not s.draft_token_ids for s in scheduled))
+        return execute(self, scheduled, chunks, plain_samples, scores)
+    monkeypatch.setattr(decoder.SpecDecoder, "execute", recording)
     llm = _llm(v41, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=12, num_speculative_tokens=3)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert _tokens(outs) == _tokens(ref) and _tokens(outs)[0] == want[0]
@@ -185,7 +185,7 @@ def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, m
 def _oracle_confidences(monkeypatch, levels=(0.0, 0.4, 1.0)):
     """On top of _oracle: every draft's confidence a fixed draw from `levels` per sequence, position and
     depth, so confidence scheduling truncates some rows, verifies others fully and skips some."""
-    oracle = spec_decode.SpecDecoder._draft
+    oracle = proposer.DraftProposer.propose
 
     def draft(self, scheduled, results):
         oracle(self, scheduled, results)
@@ -195,7 +195,7 @@ def _oracle_confidences(monkeypatch, levels=(0.0, 0.4, 1.0)):
                 done = s.seq.num_output_tokens + len(results[i].tokens)
                 rng = random.Random(s.seq.prompt_len * 7919 + done)
                 prop.confidences = [rng.choice(levels) for _ in prop.token_ids]
-    monkeypatch.setattr(spec_decode.SpecDecoder, "_draft", draft)
+    monkeypatch.setattr(proposer.DraftProposer, "propose", draft)
 
 
 def test_confidence_scheduled_greedy_equals_plain_greedy(v41, plain, monkeypatch):

@@ -1,15 +1,15 @@
-"""The drafter's per-depth sampling batches (worker/spec_decode._DraftBatches) are the batches it
+"""The drafter's per-depth sampling batches (spec/proposer.DraftDepthBatches) are the batches it
 would build from scratch at every depth, and the sampler's kept random-row logprobs are the processed
 distribution the draws came from (what the drafter stores as q)."""
 import dataclasses
 
 import torch
 
-from deepinfer.model_executor.layers.sample_draw import MTP_SEED_OFFSET
 from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence
-from deepinfer.worker.spec_decode import _DraftBatches, bans_at
+from deepinfer.spec.proposer import DRAFT_SEED_OFFSET, DraftDepthBatches
+from deepinfer.stop_rules import banned_token_ids
 
 EOS = [1]
 
@@ -22,8 +22,8 @@ def _fresh(seqs, new_lens, extra, toks, k):
     """What the drafter built at depth k before reusing batches."""
     return SamplingBatch.build(
         [x.sampling_params for x in seqs], [nl + k for nl in new_lens],
-        seeds=[x.seed + MTP_SEED_OFFSET for x in seqs],
-        banned_ids_per_row=[bans_at(x, EOS, len(e) + k) for x, e in zip(seqs, extra)],
+        seeds=[x.seed + DRAFT_SEED_OFFSET for x in seqs],
+        banned_ids_per_row=[tuple(banned_token_ids(x, EOS, len(e) + k)) for x, e in zip(seqs, extra)],
         output_ids_per_row=[x.output_token_ids + e + [int(t[c]) for t in toks]
                             for c, (x, e) in enumerate(zip(seqs, extra))],
         prompt_ids_per_row=[x.prompt_token_ids for x in seqs], need_logprobs=False)
@@ -42,7 +42,7 @@ def _same(a: SamplingBatch, b: SamplingBatch) -> bool:
 
 def _check(seqs, expect_static):
     new_lens, extra, toks = [len(x) + 1 for x in seqs], [[3] for _ in seqs], []
-    batches = _DraftBatches(seqs, new_lens, extra, EOS, 4)
+    batches = DraftDepthBatches(seqs, new_lens, extra, EOS, 4)
     assert batches.static == expect_static
     for k in range(4):
         got = batches.at(k, toks, "cpu")

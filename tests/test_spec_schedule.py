@@ -1,9 +1,9 @@
-"""Confidence-scheduled verification (engine/spec_schedule.py, engine/step_time.py): which drafts a
+"""Confidence-scheduled verification (spec/verify_plan.py, spec/step_times.py): which drafts a
 step verifies for given confidences and step times."""
 import pytest
 
-from deepinfer.engine.spec_schedule import acceptance_estimates, plan_verification
-from deepinfer.engine.step_time import PRIOR_ROW_FRACTION, WINDOW, StepTimes
+from deepinfer.spec.verify_plan import acceptance_estimates, plan_verification
+from deepinfer.spec.step_times import PRIOR_ROW_FRACTION, WINDOW, StepTimes
 
 
 def linear(fixed, per_row):
@@ -95,14 +95,13 @@ def test_prior_slope_scales_with_measured_steps():
 
 def _decoding_scheduler(policy, confidences):
     """A Scheduler whose sequences have prefilled and hold 3 drafts each with these confidences."""
-    from types import SimpleNamespace
 
     from deepinfer.engine.block_manager import BlockManager
     from deepinfer.engine.scheduler import Scheduler
     from deepinfer.engine_config import EngineConfig
     from deepinfer.sampling_params import SamplingParams
     from deepinfer.sequence import Sequence
-    from deepinfer.worker.spec_decode import DraftProposal
+    from deepinfer.step_result import DraftProposal, RowResult, StepResult
 
     cfg = EngineConfig(model="x", max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
                        num_speculative_tokens=3, speculative_verify=policy)
@@ -111,38 +110,38 @@ def _decoding_scheduler(policy, confidences):
     for i in range(len(confidences)):
         sched.add(Sequence(f"r{i}", i, [0, 5, 6, 7], params, seed=i))
     out = sched.schedule()
-    rows = [SimpleNamespace(tokens=[(10 + i, None, None, [])], num_accepted=0,
-                            proposal=DraftProposal([20, 21, 22], None, c)) for i, c in enumerate(confidences)]
-    sched.update(out.scheduled, SimpleNamespace(rows=rows))
+    rows = [RowResult(tokens=[(10 + i, None, None, [])], num_accepted=0,
+                      proposal=DraftProposal([20, 21, 22], None, c)) for i, c in enumerate(confidences)]
+    sched.update(out.scheduled, StepResult(rows))
     return sched
 
 
 def test_scheduler_rows_carry_only_their_planned_drafts():
     confs = [[0.99, 0.99, 0.99], [0.0, 0.9, 0.9], [0.9, 0.05, 0.9]]
     sched = _decoding_scheduler("confidence", confs)
-    sched.step_times.record(3, 3, 1.0)
-    sched.step_times.record(3, 12, 1.09)  # 0.01 s a query row
+    sched.spec_policy.step_times.record(3, 3, 1.0)
+    sched.spec_policy.step_times.record(3, 12, 1.09)  # 0.01 s a query row
     out = sched.schedule()
-    assert [len(s.draft_ids) for s in out.scheduled] == [3, 0, 1]
-    assert [s.draft_ids for s in out.scheduled] == [[20, 21, 22], [], [20]]
+    assert [len(s.draft_token_ids) for s in out.scheduled] == [3, 0, 1]
+    assert [s.draft_token_ids for s in out.scheduled] == [[20, 21, 22], [], [20]]
     assert [s.num_new_tokens for s in out.scheduled] == [4, 1, 2] and out.num_batched_tokens == 7
     # the row budget caps the drafts: 5 rows = the 3 decodes + the 2 best drafts
     sched = _decoding_scheduler("confidence", confs)
     sched.config.max_num_batched_tokens = 5
-    sched.step_times.record(3, 3, 1.0)
-    sched.step_times.record(3, 12, 1.09)
+    sched.spec_policy.step_times.record(3, 3, 1.0)
+    sched.spec_policy.step_times.record(3, 12, 1.09)
     out = sched.schedule()
-    assert [len(s.draft_ids) for s in out.scheduled] == [2, 0, 0] and out.num_batched_tokens == 5
+    assert [len(s.draft_token_ids) for s in out.scheduled] == [2, 0, 0] and out.num_batched_tokens == 5
 
 
 def test_scheduler_verifies_everything_under_all():
     sched = _decoding_scheduler("all", [[0.0] * 3, [0.5] * 3])
     out = sched.schedule()
-    assert [s.draft_ids for s in out.scheduled] == [[20, 21, 22]] * 2
+    assert [s.draft_token_ids for s in out.scheduled] == [[20, 21, 22]] * 2
 
 
 def test_calibration_learns_rejections_and_recovers_by_decay():
-    from deepinfer.engine.spec_schedule import AcceptanceCalibration, calibrated_estimates
+    from deepinfer.spec.verify_plan import AcceptanceCalibration, calibrated_estimates
     cal = AcceptanceCalibration()
     assert cal.factors == [] and calibrated_estimates([0.5, 0.5], cal.factors) == [0.5, 0.25]
     for _ in range(50):  # confident drafts, never accepted

@@ -7,11 +7,12 @@ import random
 import pytest
 import torch
 
-from deepinfer.model_executor.layers import spec_verify
+from deepinfer.spec import verify as spec_verify
 from deepinfer.model_executor.layers.sample_draw import (
-    CASE_RESAMPLE, MTP_SEED_OFFSET, sample_from_probs, sample_uniforms, verify_uniforms)
+    CASE_RESAMPLE, sample_from_probs, sample_uniforms, verify_uniforms)
 from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch
-from deepinfer.model_executor.layers.spec_verify import NO_TOKEN, VerifyBatch, verify
+from deepinfer.spec.proposer import DRAFT_SEED_OFFSET
+from deepinfer.spec.verify import NO_TOKEN, VerifyBatch, verify
 from deepinfer.sampling_params import SamplingParams
 
 CHI2_DF5_999 = 20.515  # chi-square 0.999 quantiles: 5 degrees of freedom (V = 6),
@@ -23,8 +24,8 @@ Q = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.20, 0.30], dtype=torch.float64)
 
 
 def draft_draws(probs: torch.Tensor, seeds, positions) -> torch.Tensor:
-    """Drafts drawn from `probs` [N, V] on the drafter's own stream (seed + MTP_SEED_OFFSET)."""
-    u = torch.from_numpy(sample_uniforms([s + MTP_SEED_OFFSET for s in seeds], positions))
+    """Drafts drawn from `probs` [N, V] on the drafter's own stream (seed + DRAFT_SEED_OFFSET)."""
+    u = torch.from_numpy(sample_uniforms([s + DRAFT_SEED_OFFSET for s in seeds], positions))
     return sample_from_probs(probs, u, sparse=False)
 
 

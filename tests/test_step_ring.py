@@ -13,7 +13,7 @@ from deepinfer.distributed.step_ring import SHM_DIR, StepRing, our_segments
 from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.worker.cache_engine import cache_layout
-from deepinfer.worker.step_fanout import split_groups
+from deepinfer.executor.step_fanout import split_groups
 from model_helpers import tiny_config
 
 
@@ -142,7 +142,7 @@ def test_draft_blocks_round_trip_and_pad_groups_with_placeholder_rows():
     from deepinfer.distributed.step_codec import KIND_DRAFT
     from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
     from deepinfer.worker.runners.eager import EagerStrategy
-    from deepinfer.worker.step_fanout import StepFanout
+    from deepinfer.executor.step_fanout import StepFanout
     layout = _layout()
     block = DraftBlock(slots=[1, 2, 3], last_pos=[4, 9, 20], first_tokens=[11, 12, 13], block=3)
     step = draft_step_inputs(block, layout, 128000)
@@ -172,7 +172,7 @@ def test_ring_slots_hold_verification_rows_and_draft_blocks(tiny_v41_dir):
     from deepinfer.engine_config import EngineConfig
     from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
     from deepinfer.worker.runners.eager import EagerStrategy
-    from deepinfer.worker.step_fanout import slot_bytes
+    from deepinfer.executor.step_fanout import slot_bytes
     cfg = ModelConfig.from_pretrained(tiny_v41_dir)
     ec = EngineConfig(model=str(tiny_v41_dir), max_model_len=512, max_num_seqs=16, max_num_batched_tokens=96,
                       num_speculative_tokens=5).resolve(cfg)

@@ -48,7 +48,7 @@ _FAILED = "!"          # a store value starting with this is the creator's error
 # Every rank attaches its tables once per model it builds, in the same order, so the count of this
 # rank's attaches *in this store* names each attach's keys alike on every rank (a second model on the
 # same store gets new keys). Counted in the store, not per process: an engine's followers are fresh
-# processes (worker/ranks.py) while its driver may have built models before, each with its own store.
+# processes (executor/local_ranks.py) while its driver may have built models before, each with its own store.
 
 
 @dataclass(frozen=True)

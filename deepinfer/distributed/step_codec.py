@@ -25,7 +25,7 @@ from deepinfer.model_executor.static_step import Bucket
 MAGIC = b"DIST"
 _HEAD = struct.Struct("<4sII")
 KIND_STEP, KIND_SHUTDOWN = 1, 2
-# A DSpark draft block (worker/spec_decode.py): every rank runs the draft layers too, because their MoE
+# A DSpark draft block (spec/proposer.py): every rank runs the draft layers too, because their MoE
 # and lane attention have collectives; its StepInputs travel like a step's (bucket None, eager).
 KIND_DRAFT = 3
 _CLASSES = {"StepInputs": StepInputs, "CompressMeta": CompressMeta}

@@ -1,4 +1,5 @@
-"""LLMEngine: add_request / abort_request / step over one scheduler and one worker.
+"""LLMEngine: add_request / abort_request / step over one scheduler and one executor (executor/base.py:
+the model on one rank or spread over several).
 
 Not thread-safe: a server calls it from a single engine thread (aborts included). The one exception
 is `watch_ranks`: its callback runs on the ranks' watchdog thread, so a server hears of a lost rank
@@ -15,11 +16,11 @@ from typing import Any, Callable
 
 from deepinfer.engine.block_manager import BlockManager
 from deepinfer.engine.scheduler import Scheduler
-from deepinfer.engine.spec_state import SpecDecodeStats
 from deepinfer.engine_config import EngineConfig
 from deepinfer.outputs import CompletionOutput, ListPrefix, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams, SamplingParamsError
 from deepinfer.sequence import Sequence, effective_seed
+from deepinfer.spec.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def _max(values):
 
 @dataclass
 class StepTiming:
-    """Wall time of one step's phases (seconds) and its batch shape, for benchmarks."""
+    """Wall time of one engine step's phases (seconds) and its batch shape, for benchmarks (the
+    ModelRunner's own phases: worker/model_runner.py RunnerTiming)."""
     schedule_s: float = 0.0
     execute_s: float = 0.0
     update_s: float = 0.0
@@ -85,9 +87,9 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, engine_config: EngineConfig, *, tokenizer=None, model_config=None,
-                 worker=None):
-        """tokenizer / model_config / worker are loaded from engine_config when None (tests and
-        tools may inject their own)."""
+                 worker=None, executor=None):
+        """tokenizer / model_config / executor are built from engine_config when None (tests and
+        tools may inject their own); worker: a single-rank executor over this Worker."""
         self.config = engine_config
         if tokenizer is None and not engine_config.skip_tokenizer_init:
             from deepinfer.tokenizer import load_tokenizer
@@ -98,11 +100,15 @@ class LLMEngine:
             model_config = ModelConfig.from_pretrained(engine_config.model)
         self.model_config = model_config
         engine_config.resolve(model_config)
-        if worker is None:
-            # one rank: a Worker; several: the driver's, with the followers started (worker/ranks.py)
-            from deepinfer.worker.ranks import start_worker
-            worker = start_worker(model_config, engine_config)
-        self.worker = worker
+        if executor is None and worker is not None:
+            from deepinfer.executor.single_rank import SingleRankExecutor
+            executor = SingleRankExecutor(worker)
+        if executor is None:
+            # one rank, or several with this process their driver (the followers started)
+            from deepinfer.executor.base import build_executor
+            executor = build_executor(model_config, engine_config)
+        self.executor = executor
+        self.worker = worker = executor.driver   # the driver's Worker: pool sizes, runner
 
         num_blocks, block_size = int(worker.num_kv_blocks), int(worker.block_size)
         # One sequence of max_model_len must fit the pool alone, or preemption could not
@@ -116,7 +122,6 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, int(worker.num_state_slots))
         self.scheduler = Scheduler(engine_config, self.block_manager,
                                    eos_token_ids=list(model_config.eos_token_ids or ()))
-        self.scheduler.spec_stats = SpecDecodeStats()
         self.vocab_size = int(model_config.vocab_size)
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
@@ -126,30 +131,25 @@ class LLMEngine:
         self.last_step_timing: StepTiming | None = None
         self.timing_hook: Callable[[StepTiming], None] | None = None
         self._grammar_compiler = None  # structured_output.GrammarCompiler, built on first use
-        self.rank_failure = None  # the RankFailure (worker/ranks.py) that ended this engine, once one did
+        self.rank_failure = None  # the RankFailure (executor/local_ranks.py) that ended this engine, once one did
 
     def close(self) -> None:
-        """Release the worker's processes (the followers of a multi-rank model); idempotent. The engine
-        takes no step after this."""
-        close = getattr(self.worker, "close", None)
-        if close is not None:
-            close()
+        """Release the executor's processes (the followers of a multi-rank model); idempotent. The
+        engine takes no step after this."""
+        self.executor.close()
 
     # ---- lost ranks (a model on several ranks) ----------------------------------------------
     def watch_ranks(self, callback: Callable[[BaseException], None]) -> None:
         """callback(RankFailure) on the ranks' watchdog thread as soon as a rank of the model is lost,
         step or no step (at once when one already is); never called on one rank. It must not call into
         the engine: it wakes the engine thread, which calls `check_ranks`."""
-        ranks = getattr(self.worker, "ranks", None)
-        if ranks is not None:
-            ranks.add_listener(callback)
+        self.executor.watch_ranks(callback)
 
     def check_ranks(self) -> None:
         """Raise the RankFailure of a lost rank, after failing every request (their blocks and slots
         freed) and tearing the ranks down; a no-op while every rank runs."""
         if self.rank_failure is None:
-            ranks = getattr(self.worker, "ranks", None)
-            failure = None if ranks is None else ranks.failed
+            failure = self.executor.rank_failure()
             if failure is None:
                 return
             self._fail_everything(failure)
@@ -162,9 +162,7 @@ class LLMEngine:
         failed = list(self.requests)
         for request_id in failed:
             self.abort_request(request_id)
-        ranks = getattr(self.worker, "ranks", None)
-        if ranks is not None:
-            ranks.teardown()
+        self.executor.teardown()
         cause = getattr(failure, "cause", None)
         logger.error("rank %s lost (%s): %d request(s) failed; the engine takes no more steps",
                      getattr(failure, "rank", None), cause or f"{failure}".splitlines()[0], len(failed))
@@ -192,7 +190,7 @@ class LLMEngine:
         compiled = self._compile_grammar(sampling_params)
 
         arrival = time.time() if arrival_time is None else arrival_time
-        n = int(getattr(sampling_params, "n", 1) or 1)
+        n = int(sampling_params.n)
         seqs = []
         for index in range(n):
             seq_id = next(self._seq_ids)
@@ -200,11 +198,11 @@ class LLMEngine:
                 request_id=request_id, seq_id=seq_id, prompt_token_ids=token_ids,
                 sampling_params=sampling_params, prompt=prompt_text, index=index,
                 arrival_time=arrival,
-                seed=effective_seed(getattr(sampling_params, "seed", None), self.config.seed,
+                seed=effective_seed(sampling_params.seed, self.config.seed,
                                     seq_id, index))
-            if getattr(sampling_params, "logprobs", None) is not None:
+            if sampling_params.logprobs is not None:
                 seq.logprobs = []
-            if index == 0 and getattr(sampling_params, "prompt_logprobs", None) is not None:
+            if index == 0 and sampling_params.prompt_logprobs is not None:
                 # The n samples share the prompt: the first one scores it; position 0 has no prefix.
                 seq.prompt_logprobs = [None]
             seq.detokenizer = self._make_detokenizer(token_ids, sampling_params)
@@ -309,7 +307,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         if sched.scheduled:
             try:
-                sampler_output = self.worker.execute(sched.scheduled)
+                result = self.executor.execute(sched.scheduled)
             except Exception as e:
                 if not getattr(e, "engine_dead", False):   # a lost rank (RankFailure)
                     raise
@@ -318,12 +316,12 @@ class LLMEngine:
         else:
             if self.scheduler.running:
                 raise RuntimeError("scheduler made no progress with running sequences")
-            sampler_output = None
+            result = None
         t2 = time.perf_counter()
         if sched.scheduled and all(item.is_decode for item in sched.scheduled):
-            # the step-time model of speculative_verify="confidence" (engine/step_time.py)
-            self.scheduler.step_times.record(len(sched.scheduled), sched.num_batched_tokens, t2 - t1)
-        changed = self.scheduler.update(sched.scheduled, sampler_output)
+            # the step-time model of speculative_verify="confidence" (spec/step_times.py)
+            self.scheduler.spec_policy.step_times.record(len(sched.scheduled), sched.num_batched_tokens, t2 - t1)
+        changed = self.scheduler.update(sched.scheduled, result)
         t3 = time.perf_counter()
 
         touched: dict[str, _Request] = {}
@@ -417,4 +415,4 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_finished_requests=self._num_finished_requests,
             num_graphs=getattr(getattr(self.worker, "runner", None), "num_graphs", None),
-            spec_decode=self.scheduler.spec_stats.snapshot())
+            spec_decode=self.scheduler.spec_policy.stats.snapshot())

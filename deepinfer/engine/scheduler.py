@@ -21,12 +21,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from deepinfer.engine.block_manager import BlockManager
-from deepinfer.engine.spec_schedule import AcceptanceCalibration, plan_verification
-from deepinfer.engine.spec_state import confidence_error
-from deepinfer.engine.step_time import StepTimes
 from deepinfer.engine_config import EngineConfig
 from deepinfer.outputs import Logprob
 from deepinfer.sequence import Sequence, SequenceStatus
+from deepinfer.spec.verify_policy import VerifyPolicy
+from deepinfer.step_result import StepResult
 from deepinfer.stop_rules import apply_stop_rules
 
 
@@ -36,8 +35,9 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens fed this step: seq.token_ids[computed : computed + num_new_tokens]
     do_sample: bool  # sample one token after the last fed token
     is_decode: bool = False  # feeds the last sampled token (the prompt was already prefilled)
-    # Drafts this decode row verifies: it feeds [last sampled token] + draft_ids (speculative decoding).
-    draft_ids: list[int] = field(default_factory=list)
+    # Drafts this row verifies (a prefix of seq.draft_token_ids): it feeds [last sampled token] +
+    # draft_token_ids (speculative decoding, spec/verify_policy.py).
+    draft_token_ids: list[int] = field(default_factory=list)
     # Set by the worker: one {token_id: Logprob} per position of prompt_logprob_positions.
     prompt_logprobs: list[dict] | None = None
 
@@ -82,10 +82,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept in arrival order: the tail is the preemption victim
         self.num_preemptions = 0
-        self.spec_stats = None  # engine/spec_state.SpecDecodeStats when drafts are verified
-        # Decode-only step times, recorded by the engine; they drive speculative_verify="confidence".
-        self.step_times = StepTimes()
-        self.calibration = AcceptanceCalibration()  # what verified drafts' estimates were worth
+        # which drafts each row verifies, the step times and calibration behind it, the counters
+        self.spec_policy = VerifyPolicy(engine_config.speculative_verify)
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -122,19 +120,11 @@ class Scheduler:
 
     # ---- scheduling -----------------------------------------------------------------------
     def _fit_drafts(self, seq: Sequence, want: int, budget: int) -> tuple[int, list[int]]:
-        """(tokens, drafts) of a prompt chunk of `want` tokens. A chunk that reaches the sequence's
-        last token (the last chunk of a recomputed prefill) verifies all of its drafts, so that
-        preemption changes no draw; when they do not fit, the chunk stops one token short and the
-        last token goes with its drafts next step. A lone last token that still cannot take them goes
-        without (the pool is full and prompt chunks never evict: waiting could stall every row);
-        only then can a sampled request's tokens differ from an unpreempted run."""
-        n = len(seq.draft_token_ids)
-        if not n or seq.num_computed_tokens + want != len(seq):
+        """(tokens, drafts) of a prompt chunk of `want` tokens (VerifyPolicy.fit_prompt_chunk)."""
+        if not seq.draft_token_ids:
             return want, []
         room = min(budget, self.block_manager.max_tokens_coverable(seq) - seq.num_computed_tokens)
-        if want + n <= room:
-            return want, list(seq.draft_token_ids)
-        return (want - 1, []) if want > 1 else (want, [])
+        return self.spec_policy.fit_prompt_chunk(seq, want, room)
 
     def schedule(self) -> SchedulerOutput:
         bm = self.block_manager
@@ -203,19 +193,8 @@ class Scheduler:
         return out
 
     def _plan_drafts(self, decodes: list[Sequence], budget: int) -> dict[int, int]:
-        """seq_id -> drafts its decode row verifies this step (engine_config.speculative_verify)."""
-        if self.config.speculative_verify != "confidence":
-            return {s.seq_id: len(s.draft_token_ids) for s in decodes}
-        rows = [s for s in decodes if s.draft_token_ids]
-        if not rows:
-            return {}
-        # Every decode row takes a query row; the plan covers those with drafts (engine/spec_schedule.py).
-        others = len(decodes) - len(rows)
-        step_time = self.step_times.for_step(len(decodes))
-        counts = plan_verification([s.draft_confidences[:len(s.draft_token_ids)] for s in rows],
-                                   lambda t: step_time(t + others), budget - others,
-                                   self.calibration.factors)
-        return {s.seq_id: k for s, k in zip(rows, counts)}
+        """seq_id -> drafts its decode row verifies this step (VerifyPolicy.plan)."""
+        return self.spec_policy.plan(decodes, budget)
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
                   is_decode: bool = False, drafts: list[int] | None = None) -> None:
@@ -226,20 +205,23 @@ class Scheduler:
             seq.first_scheduled_time = time.time()
         drafts = list(drafts or ())
         do_sample = seq.num_computed_tokens + num_new_tokens - len(drafts) == len(seq)
-        out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode, draft_ids=drafts))
+        out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode, draft_token_ids=drafts))
 
     # ---- results --------------------------------------------------------------------------
-    def update(self, scheduled: list[ScheduledSeq], sampler_output) -> list[Sequence]:
+    def update(self, scheduled: list[ScheduledSeq], result: StepResult | None) -> list[Sequence]:
         """Apply one step's results; returns the sequences that got a token (finished included).
 
-        `sampler_output` holds one row per ScheduledSeq with do_sample, in order (token_ids,
-        logprobs, optional top_ids/top_logprobs); it may be None when nothing samples.
+        `result` holds one row per ScheduledSeq with do_sample, in order (step_result.py); it may be
+        None when nothing samples.
         """
-        rows = SpecRows(sampler_output) if hasattr(sampler_output, "rows") else _SamplerRows(sampler_output)
+        rows = result.rows if result is not None else []
+        num_sampling = sum(1 for item in scheduled if item.do_sample)
+        assert len(rows) == num_sampling, f"the step returned {len(rows)} rows for {num_sampling} do_sample chunks"
+        next_row = iter(rows)
         changed: list[Sequence] = []
         for item in scheduled:
             seq = item.seq
-            group = rows.next_group() if item.do_sample else None
+            group = next(next_row) if item.do_sample else None
             if seq.status != SequenceStatus.RUNNING:  # aborted between schedule and update
                 continue
             if item.prompt_logprobs:
@@ -247,7 +229,7 @@ class Scheduler:
                 seq.prompt_logprobs.extend(item.prompt_logprobs)
             # Only the fed token and the accepted drafts are committed; rejected ones leave the length.
             accepted = len(group.tokens) - 1 if group is not None else 0
-            seq.num_computed_tokens += item.num_new_tokens - len(item.draft_ids) + accepted
+            seq.num_computed_tokens += item.num_new_tokens - len(item.draft_token_ids) + accepted
             assert seq.num_computed_tokens <= len(seq) + accepted
             if group is None:
                 continue
@@ -256,7 +238,7 @@ class Scheduler:
                 entry = None
                 if seq.logprobs is not None:
                     entry = _logprob_entry(token_id, logprob, rank, top,
-                                           getattr(seq.sampling_params, "logprobs", 0) or 0)
+                                           seq.sampling_params.logprobs or 0)
                 seq.append_token(token_id, logprob, entry)
                 seq.num_last_emitted += 1
                 apply_stop_rules(seq, self.eos_token_ids, self.config.max_model_len)
@@ -264,12 +246,7 @@ class Scheduler:
                     break
             if item.is_decode:
                 # seq's drafts are still the ones this row held (set_drafts below replaces them)
-                conf_error = confidence_error(len(item.draft_ids), group.num_accepted, seq.draft_confidences)
-                self.calibration.record(len(item.draft_ids), group.num_accepted, seq.draft_confidences)
-                seq.record_decode_step(len(item.draft_ids), group.num_accepted, seq.num_last_emitted, conf_error)
-                if self.spec_stats is not None:
-                    self.spec_stats.record(len(item.draft_ids), group.num_accepted, seq.num_last_emitted,
-                                           seq.draft_confidences, num_offered=len(seq.draft_token_ids))
+                self.spec_policy.record_row(seq, len(item.draft_token_ids), group.num_accepted, seq.num_last_emitted)
             changed.append(seq)
             if seq.is_finished:
                 self.running.remove(seq)
@@ -277,66 +254,9 @@ class Scheduler:
                 seq.set_drafts(None)
             else:
                 seq.set_drafts(group.proposal)
-        rows.check_consumed()
         if any(item.is_decode for item in scheduled):
-            self.calibration.step()
-            if self.spec_stats is not None:
-                self.spec_stats.record_step()
+            self.spec_policy.record_step()
         return changed
-
-
-@dataclass
-class _Group:
-    """What one sampling row emitted this step."""
-    tokens: list  # (token_id, logprob, rank, top) per emitted token
-    num_accepted: int = 0
-    proposal: object = None  # the next step's drafts (worker/spec_decode.DraftProposal) or None
-
-
-class SpecRows:
-    """Iterates a speculative step's rows (worker/spec_decode.SpecStepOutput): several tokens each."""
-
-    def __init__(self, spec_output):
-        self.items = spec_output.rows
-        self.i = 0
-
-    def next_group(self) -> _Group:
-        assert self.i < len(self.items), "sampler returned fewer rows than do_sample chunks"
-        r = self.items[self.i]
-        self.i += 1
-        return _Group(list(r.tokens), r.num_accepted, r.proposal)
-
-    def check_consumed(self) -> None:
-        assert self.i == len(self.items), f"sampler returned {len(self.items)} rows for {self.i} do_sample chunks"
-
-
-class _SamplerRows:
-    """Iterates a SamplerOutput's rows as (token_id, logprob, rank, [(top_id, top_logprob)])."""
-
-    def next_group(self) -> _Group:
-        return _Group([self.next()])
-
-    def __init__(self, sampler_output):
-        self.i = 0
-        get = lambda name: _to_list(getattr(sampler_output, name, None))  # noqa: E731
-        self.token_ids = get("token_ids") or []
-        self.logprobs, self.ranks = get("logprobs"), get("token_ranks")
-        self.top_ids, self.top_logprobs = get("top_ids"), get("top_logprobs")
-
-    def next(self):
-        i = self.i
-        assert i < len(self.token_ids), "sampler returned fewer rows than do_sample chunks"
-        self.i += 1
-        logprob = self.logprobs[i] if self.logprobs is not None else None
-        rank = self.ranks[i] if self.ranks is not None else None
-        top = []
-        if self.top_ids is not None and self.top_logprobs is not None:
-            top = list(zip(self.top_ids[i], self.top_logprobs[i]))
-        return int(self.token_ids[i]), logprob, rank, top
-
-    def check_consumed(self) -> None:
-        assert self.i == len(self.token_ids), (
-            f"sampler returned {len(self.token_ids)} rows for {self.i} do_sample chunks")
 
 
 def _logprob_entry(token_id, logprob, rank, top, num_top: int) -> dict[int, Logprob]:
@@ -348,8 +268,3 @@ def _logprob_entry(token_id, logprob, rank, top, num_top: int) -> dict[int, Logp
         entry.setdefault(int(tid), Logprob(float(lp), r))
     return entry
 
-
-def _to_list(x):
-    if x is None:
-        return None
-    return x.tolist() if hasattr(x, "tolist") else list(x)

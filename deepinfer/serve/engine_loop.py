@@ -8,7 +8,7 @@ where item is a RequestOutput or an APIError. Commands are applied between steps
 added by any client joins the running batch at the next step and an abort frees its KV blocks
 before the next step runs.
 
-A lost rank (a model on several ranks: worker/ranks.py RankFailure) ends the engine: the ranks'
+A lost rank (a model on several ranks: executor/local_ranks.py RankFailure) ends the engine: the ranks'
 watchdog marks the loop dead at once (so /health answers 503 within its poll, step or no step) and
 wakes the engine thread, which fails every request with a 503 naming the rank, counts it in
 /metrics and, under the default policy `on_rank_failure="exit"`, asks the server to shut down.

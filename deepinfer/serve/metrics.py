@@ -152,7 +152,7 @@ def _engine_families(view: _EngineView) -> Iterator[Metric]:
 
 
 def _spec_families(view: _EngineView, spec) -> Iterator[Metric]:
-    """Speculative decoding (engine/spec_state.py): decode request-steps, their tokens, drafts
+    """Speculative decoding (spec/stats.py): decode request-steps, their tokens, drafts
     verified and accepted, in total and per draft depth."""
     def family(name, help_text, value, kind=CounterMetricFamily):
         out = kind(PREFIX + name, help_text, labels=[MODEL_LABEL])

@@ -270,7 +270,7 @@ def run_draft_block(model, cache, layout, batch: int, context: int, nextn: int) 
     counter = ReadCounter(storage_categories(model, cache))
     with comm.record_collectives() as everything, counter:
         hidden, logits = model.draft(step, cache)
-        # then the driver, depth by depth (worker/spec_decode.py): the Markov and confidence heads
+        # then the driver, depth by depth (spec/proposer.py): the Markov and confidence heads
         prev = step.input_ids.view(batch, nextn)[:, 0]
         for k in range(nextn):
             pe = dspark_draft.markov_embed(model, prev)

@@ -1,24 +1,26 @@
 """ModelRunner: the one entry point of a step, for the engine and the tests alike.
 
-    run(chunks, samples, scores) = prepare -> execute -> score -> sample
+    run(chunks, samples, scores) = prepare -> publish -> execute -> score -> sample
 
 - prepare: the strategy picks a bucket, builds the host metadata (padded to the bucket when there is
-  one) and moves it to the device;
-- execute: the strategy runs the forward (eager, CUDA-graph replay or Neuron region graphs) and the
-  real rows' logits are sliced out (padding rows always come after the real rows);
+  one: `prepare_host`) and moves it to the device (`to_device`), through the transport;
+- publish: the transport hands the step to the other ranks of the model (nothing on one rank);
+- execute: the strategy runs the forward (eager, CUDA-graph replay or Neuron region graphs), the
+  real rows' logits are sliced out (padding rows always come after the real rows) and the transport
+  gathers every rank's real rows back into chunk order;
 - sample: the Sampler draws one token per logits row.
 
-A rank that runs the step without sampling passes `samples=None` and gets the logits only. On a
-model spread over ranks (worker/step_fanout.py), `run` is the driver's entry: prepare builds every
-data-parallel group's rows, `publish` hands them to the followers (which run the same `execute`
-from their `follow` loop and never sample), and execute gathers every group's real logits rows back
-into chunk order before the driver scores and samples.
+The transport (worker/step_transport.py) is the runner's only view of ranks: SingleRankTransport on
+one rank, executor/step_fanout.py StepFanout on a model spread over ranks, whose followers run the
+same `execute` / `execute_draft` from their receive loop (StepFanout.follow) and never sample.
+A rank that runs the step without sampling passes `samples=None` and gets the logits only.
 
 A chunk can also score known tokens (prompt logprobs): a ScoreRequest claims the first rows of
 its chunk's logits rows, which then take no SampleRequest (layers/token_scores.py). Rows are
 SeqChunks, so a multi-token decode row (speculative verification) is a chunk with num_new > 1 and
-num_logits > 1; worker/spec_decode.py runs such steps without samples and verifies those rows
-(layers/spec_verify.py), sampling the other rows through `sample`.
+num_logits > 1; spec/decoder.py runs such steps without samples and verifies those rows
+(spec/verify.py), sampling the other rows through `sample`; its proposer runs the draft block
+through `draft` and the heads of each draft depth through `draft_heads`.
 """
 from __future__ import annotations
 
@@ -28,14 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.distributed.step_codec import KIND_DRAFT
-from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, step_to
+from deepinfer.model_executor.forward_meta import SeqChunk
 from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from deepinfer.model_executor.layers.token_scores import TokenScores, score_tokens
-from deepinfer.model_executor.models.dspark_draft import draft_step_inputs
-from deepinfer.model_executor.static_step import Bucket
+from deepinfer.model_executor.models.dspark_draft import DraftBlock
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.worker.runners.base import RunnerStrategy
+from deepinfer.worker.step_transport import PreparedStep, SingleRankTransport, StepTransport
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,6 @@ class ScoreRequest:
 
 
 @dataclass
-class PreparedStep:
-    step: StepInputs
-    bucket: Bucket | None
-    num_logits: int   # real logits rows (the strategy may return more: padding rows)
-    fanout: object = None  # step_fanout.FanoutStep: the whole step's share-out over ranks (None: one rank)
-
-
-@dataclass
 class StepOutput:
     logits: torch.Tensor               # [num_logits, vocab] fp32, real rows in chunk order
     sampled: SamplerOutput | None      # None when the step was run without sampling
@@ -76,7 +69,8 @@ class StepOutput:
 
 
 @dataclass
-class StepTiming:
+class RunnerTiming:
+    """Wall time of the phases of the latest ModelRunner.run (seconds)."""
     prepare_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
@@ -84,33 +78,26 @@ class StepTiming:
 
 class ModelRunner:
     def __init__(self, model, cache, layout, strategy: RunnerStrategy, sampler: Sampler | None = None,
-                 fanout=None):
-        """fanout: a step_fanout.StepFanout when the model runs on several ranks."""
+                 transport: StepTransport | None = None):
+        """transport: how steps reach the model's ranks (worker/step_transport.py); one rank by default."""
         self.model = model
         self.cache = cache
         self.layout = layout
         self.strategy = strategy
         self.sampler = sampler or Sampler()
-        self.fanout = fanout
-        self.last_timing = StepTiming()
+        self.transport = transport if transport is not None else SingleRankTransport()
+        self.last_timing = RunnerTiming()
 
     def prepare(self, chunks: list[SeqChunk]) -> PreparedStep:
-        if self.fanout is not None:
-            return self.fanout.prepare(self.strategy, chunks)
-        step, bucket = self.strategy.prepare(chunks)
-        return PreparedStep(step, bucket, sum(min(c.num_logits, c.num_new) for c in chunks))
+        return self.transport.prepare(self.strategy, chunks)
 
     def publish(self, prepared: PreparedStep) -> None:
-        """Hand the step to the followers (a no-op on one rank)."""
-        if self.fanout is not None:
-            self.fanout.publish(prepared)
+        """Hand the step to the other ranks (a no-op on one rank)."""
+        self.transport.publish(prepared)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
         logits = self.strategy.forward(prepared.step, self.cache, prepared.bucket)
-        logits = logits[: prepared.num_logits]
-        if prepared.fanout is not None:
-            logits = self.fanout.gather(prepared, logits)
-        return logits
+        return self.transport.gather(prepared, logits[: prepared.num_logits])
 
     def sample(self, logits: torch.Tensor, samples: list[SampleRequest]) -> SamplerOutput:
         if len(samples) != logits.shape[0]:
@@ -155,41 +142,28 @@ class ModelRunner:
         scored, sample_logits = (None, logits) if not scores else self.score(logits, chunks, scores)
         sampled = None if samples is None else self.sample(sample_logits, samples)
         t3 = time.perf_counter()
-        self.last_timing = StepTiming(t1 - t0, t2 - t1, t3 - t2)
+        self.last_timing = RunnerTiming(t1 - t0, t2 - t1, t3 - t2)
         return StepOutput(logits, sampled, scored)
 
     @torch.inference_mode()
-    def draft(self, block, noise_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft(self, block: DraftBlock, noise_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden_pre [R*B, D], base logits [R*B, V] fp32) of one DSpark draft block
         (models/dspark_draft.py DraftBlock), rows in block order. On a model spread over ranks the
         block is published first and every rank runs it (its MoE and lane attention have collectives)."""
-        if self.fanout is None:
-            step = step_to(draft_step_inputs(block, self.layout, noise_id), self.strategy.device)
-            return self.model.draft(step, self.cache)
-        prepared = self.fanout.prepare_draft(self.strategy, block, noise_id)
+        prepared = self.transport.prepare_draft(self.strategy, block, noise_id)
         self.publish(prepared)
         return self.execute_draft(prepared)
 
     def execute_draft(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, base = self.model.draft(prepared.step, self.cache)
-        d = hidden.shape[1]
-        # one gather for both: hidden_pre travels as fp32 beside the fp32 logits
-        rows = self.fanout.gather(prepared, torch.cat([hidden.float(), base], dim=1)[: prepared.num_logits])
-        return rows[:, :d].to(hidden.dtype), rows[:, d:]
+        return self.transport.gather_draft(prepared, hidden, base)
 
-    @torch.inference_mode()
-    def follow(self) -> int:
-        """A follower's loop: run every step the driver publishes through `execute` (the same strategy
-        forward, no sampling), and every draft block through `execute_draft`, until the driver says
-        stop; returns the number of messages run."""
-        steps = 0
-        while (prepared := self.fanout.receive(self.strategy)) is not None:
-            if prepared.fanout.kind == KIND_DRAFT:
-                self.execute_draft(prepared)
-            else:
-                self.execute(prepared)
-            steps += 1
-        return steps
+    def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
+                    prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [N, V], confidence [N]) of one draft depth: block rows' hidden_pre and base logits
+        and the previous token of each row's draft path. The heads are replicated on every rank, so
+        only the driver runs them."""
+        return self.model.draft_heads(hidden, base, prev_ids)
 
     def warm_up(self) -> int:
         """Build every bucket's graph now (placeholder rows only); returns the number of graphs."""

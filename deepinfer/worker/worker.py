@@ -1,17 +1,17 @@
 """One rank: selects its device through the platform, builds the model and its caches, and holds the
-ModelRunner (worker/model_runner.py) that runs each step; turns scheduled sequences into sampled tokens."""
-import contextlib
+ModelRunner (worker/model_runner.py) that runs each step; turns scheduled sequences into a StepResult
+(step_result.py), through the speculative step (spec/decoder.py) when drafts are on."""
 import logging
 import time
 
 import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk
-from deepinfer.model_executor.layers.sampler import SamplerOutput
 from deepinfer.model_executor.layers.token_scores import TokenScores
 from deepinfer.outputs import Logprob
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
 from deepinfer.platforms import current_platform
+from deepinfer.step_result import StepResult, sampled_rows
 from deepinfer.stop_rules import banned_token_ids
 from deepinfer.worker import cache_engine, startup_log
 from deepinfer.worker.model_runner import ModelRunner, SampleRequest, ScoreRequest
@@ -89,10 +89,11 @@ def kv_pool_blocks(engine_config, block_size: int, bytes_per_block: int) -> int:
 
 class Worker:
     def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, strategy_cls=None,
-                 platform=None, rank: int = 0, parallel=None, fanout=None, **strategy_kw):
+                 platform=None, rank: int = 0, parallel=None, transport=None, **strategy_kw):
         """strategy_cls / strategy_kw: a runner strategy other than the platform's (tests).
         rank: the local rank (the device index on this host). parallel: the rank's ParallelGroups and
-        fanout its StepFanout (worker/step_fanout.py) when the model runs on several ranks."""
+        transport its StepFanout (executor/step_fanout.py) when the model runs on several ranks
+        (worker/step_transport.py; one rank by default)."""
         self.model_config = model_config
         self.engine_config = engine_config
         self.platform = platform or current_platform()
@@ -101,7 +102,6 @@ class Worker:
         self.rank = int(rank)
         self.platform.set_device(self.rank)
         self.parallel = parallel
-        self.ranks = None   # worker/ranks.py LocalRanks: the follower processes this driver started
         self.dtype = resolve_dtype(engine_config.dtype, model_config)
         self.weight_format = (self.platform.default_weight_format if engine_config.weight_format == "auto"
                               else engine_config.weight_format)
@@ -113,7 +113,7 @@ class Worker:
                                                                  weight_format=self.weight_format,
                                                                  parallel=parallel)
         cfg = model_config
-        self.num_speculative_tokens = int(getattr(engine_config, "num_speculative_tokens", 0) or 0)
+        self.num_speculative_tokens = int(engine_config.num_speculative_tokens)
         extra_rows = cache_engine.speculative_ring_rows(self.num_speculative_tokens)
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
@@ -137,39 +137,34 @@ class Worker:
         strategy = strategy_cls(self.model, layout, platform=self.platform, **strategy_kw)
         if progress:
             startup_log.log_runner(strategy.name, buckets, bool(engine_config.warmup_graphs))
-        self.runner = ModelRunner(self.model, cache, layout, strategy, fanout=fanout)
+        self.runner = ModelRunner(self.model, cache, layout, strategy, transport=transport)
+        self.eos_ids = list(cfg.eos_token_ids or [])
         self.spec = None
         if self.num_speculative_tokens:
-            from deepinfer.worker.spec_decode import SpecDecoder
+            from deepinfer.spec.decoder import SpecDecoder
             self.model.enable_drafting()
-            self.spec = SpecDecoder(self.runner, self.model, self.num_speculative_tokens,
-                                    int(engine_config.max_model_len), getattr(cfg, "eos_token_ids", []) or [])
+            self.spec = SpecDecoder(self.runner, self.num_speculative_tokens, int(engine_config.max_model_len),
+                                    self.eos_ids, int(cfg.dspark_noise_token_id))
         self.warmup_s, self.warmup_graphs = 0.0, 0
         if engine_config.warmup_graphs:
             t0 = time.perf_counter()
             self.warmup_graphs = self.runner.warm_up()
             self.warmup_s = time.perf_counter() - t0
             logger.info("warm-up: %d graphs in %.1f s", self.warmup_graphs, self.warmup_s)
-        self.eos_ids = list(getattr(cfg, "eos_token_ids", []) or [])
-
-    def close(self) -> None:
-        """Stop the follower processes of a multi-rank model (a no-op on one rank); idempotent."""
-        if self.ranks is not None:
-            self.ranks.close(self.runner.fanout)
 
     @property
     def cache(self):
         return self.runner.cache
 
     def _sample_request(self, seq) -> SampleRequest:
-        # The live token lists (the sampler reads them only for penalised rows) and the
-        # grammar's bitmask for the next token (structured_output.py).
+        """How seq's next token is sampled: the live token lists (the sampler reads them only for
+        penalised rows), the min_tokens bans and the grammar's bitmask (structured_output.py)."""
         return SampleRequest(seq.sampling_params, len(seq.token_ids), seq.seed,
                              tuple(banned_token_ids(seq, self.eos_ids)),
                              prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
                              bitmask=seq.grammar.bitmask if seq.grammar is not None else None)
 
-    def execute(self, scheduled) -> SamplerOutput:
+    def execute(self, scheduled) -> StepResult:
         """One engine step: the scheduled rows as chunks, each sampling row's request, through the runner.
 
         A prompt chunk of a request with prompt_logprobs asks for the logits rows of the positions it
@@ -187,23 +182,22 @@ class Worker:
                 targets = tuple(s.seq.token_ids[p] for p in positions)
                 scores.append(ScoreRequest(i, targets, int(s.seq.sampling_params.prompt_logprobs)))
                 scored_rows.append(s)
-            # A decode row with drafts feeds [x0, d_0 .. d_{n-1}] and verifies each (worker/spec_decode.py).
-            drafts = list(getattr(s, "draft_ids", ()))
+            # A decode row with drafts feeds [x0, d_0 .. d_{n-1}] and verifies each (spec/decoder.py).
+            drafts = s.draft_token_ids
             chunks.append(SeqChunk(slot=s.seq.state_slot, ctx_len=s.seq.num_computed_tokens,
                                    num_new=s.num_new_tokens, block_table=s.seq.block_table,
                                    token_ids=s.seq.token_ids + drafts if drafts else s.seq.token_ids,
                                    num_logits=len(positions) + ((1 + len(drafts)) if s.do_sample else 0)))
-        # a follower's death becomes a RankFailure naming it
-        with contextlib.nullcontext() if self.ranks is None else self.ranks.guard():
-            if self.spec is not None:
-                sampled, results = self.spec.execute(self, scheduled, chunks, scores)
-            else:
-                samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
-                out = self.runner.run(chunks, samples, scores or None)
-                sampled, results = out.sampled, out.scores
+        if self.spec is not None:
+            plain = [self._sample_request(s.seq) for s in scheduled if s.do_sample and not s.draft_token_ids]
+            step, results = self.spec.execute(scheduled, chunks, plain, scores)
+        else:
+            samples = [self._sample_request(s.seq) for s in scheduled if s.do_sample]
+            out = self.runner.run(chunks, samples, scores or None)
+            step, results = StepResult(sampled_rows(out.sampled)), out.scores
         for s, req, result in zip(scored_rows, scores, results or ()):
             s.prompt_logprobs = prompt_logprob_entries(req.target_ids, result)
-        return sampled
+        return step
 
 
 def prompt_logprob_entries(target_ids, scores: TokenScores) -> list[dict[int, Logprob]]:

@@ -4,7 +4,7 @@
         [--prompts random|distilled] [--num-prompts 8] [--output-len 32] [--rounds 3] --out r.json
 
 Three engines on the same checkpoint: no drafts (nextn 0), nextn drafts verified in full, nextn
-drafts verified by confidence (engine/spec_schedule.py). Every round runs every (engine, batch)
+drafts verified by confidence (spec/verify_plan.py). Every round runs every (engine, batch)
 cell once, greedy, on the same prompts, cells interleaved so machine load hits all alike; the first
 round only warms up (and gives the confidence engine's step-time model its first measurements).
 Per cell: median output tok/s over the rounds, tokens per decode step, drafts verified per step,
@@ -72,7 +72,7 @@ def run_cell(llm, prompts, batch: int, params):
 
 
 _COUNTERS = ("num_decode_steps", "num_emitted_tokens", "num_draft_tokens", "num_accepted_tokens",
-             "num_offered_tokens", "num_steps", "confidence_error_sum")  # engine/spec_state.py
+             "num_offered_tokens", "num_steps", "confidence_error_sum")  # spec/stats.py
 
 
 def summary(d: dict) -> dict:
@@ -84,7 +84,7 @@ def summary(d: dict) -> dict:
 
 
 class _NoCalibration:
-    """Stands in for engine/spec_schedule.AcceptanceCalibration: factors of 1 (the raw estimates)."""
+    """Stands in for spec/verify_plan.AcceptanceCalibration: factors of 1 (the raw estimates)."""
     factors = ()
 
     def record(self, *args) -> None:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                                  speculative_verify="confidence", **common)}
     if args.uncalibrated:
         raw = LLM(args.model, num_speculative_tokens=args.nextn, speculative_verify="confidence", **common)
-        raw.llm_engine.scheduler.calibration = _NoCalibration()
+        raw.llm_engine.scheduler.spec_policy.calibration = _NoCalibration()
         engines["confidence-raw"] = raw
     times = {(e, b): [] for e in engines for b in args.batch}
     stats, tokens = {}, {}

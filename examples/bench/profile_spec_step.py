@@ -5,7 +5,7 @@
 
 Wall-clock timers (perf_counter) wrap the engine's own objects at run time, nothing is edited:
 the engine step, the main forward (ModelRunner.run: prepare, model execute, sample; its LM head
-calls counted apart), verification (SpecDecoder._verify), and drafting (SpecDecoder._draft: the
+calls counted apart), verification (SpecDecoder._verify), and drafting (DraftProposer.propose: the
 draft layers, their LM head call, and the per-depth draft sampling). Prompts are uniform random
 token ids from --seed (not the bench's prompt generator). Prints milliseconds per decode step and
 per phase (totals over the measured rounds, each round's one prefill step included, divided by the
@@ -53,7 +53,7 @@ def profile(args, nextn: int, batch: int, prompts: list[list[int]]) -> dict:
     timed(worker.runner, "run", t, "main_forward")
     if worker.spec is not None:
         timed(worker.spec, "_verify", t, "verify")
-        timed(worker.spec, "_draft", t, "draft")
+        timed(worker.spec.proposer, "propose", t, "draft")
         timed(model, "draft", t, "draft_layers")
     steps = [0]
     step = engine.step

@@ -1,15 +1,15 @@
-"""Where a speculative step's time goes, and a SpecDecoder change against its baseline, in one process.
+"""Where a speculative step's time goes, and a drafter change against its baseline, in one process.
 
-    git show REV:deepinfer/worker/spec_decode.py > /tmp/spec_decode_before.py
-    python examples/bench/spec_step_phases.py --model <tiny v41> --baseline /tmp/spec_decode_before.py \
+    git show REV:deepinfer/spec/proposer.py > /tmp/proposer_before.py
+    python examples/bench/spec_step_phases.py --model <tiny v41> --baseline /tmp/proposer_before.py \
         [--nextn 3] [--output-len 24] [--rounds 2] --out phases.json
 
-Two engines: nextn 0 (plain) and nextn `--nextn`; the speculative engine's SpecDecoder runs as the
+Two engines: nextn 0 (plain) and nextn `--nextn`; the speculative engine's DraftProposer runs as the
 current class and, alternating with it, as the class of the `--baseline` file (an older
-worker/spec_decode.py), on the same prompts, greedy and sampled (T 0.8, top-k 40, seeded), batch
+spec/proposer.py), on the same prompts, greedy and sampled (T 0.8, top-k 40, seeded), batch
 1 and 4. Per variant: median output tok/s over the rounds (the first round is a warm-up) and ms per
 engine step of each phase: main forward (ModelRunner.run), verification (SpecDecoder._verify), the
-draft forward (model.draft) and the whole drafter (SpecDecoder._draft; minus the draft forward =
+draft forward (model.draft) and the whole drafter (DraftProposer.propose; minus the draft forward =
 per-depth draft sampling), per engine step with decode rows (the prompt steps' share included).
 Prints the ratios and whether both variants emitted the same tokens (they must: a cost change is
 not a result change).
@@ -30,7 +30,7 @@ import torch
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--baseline", required=True, help="an older deepinfer/worker/spec_decode.py")
+    ap.add_argument("--baseline", required=True, help="an older deepinfer/spec/proposer.py")
     ap.add_argument("--nextn", type=int, default=3)
     ap.add_argument("--output-len", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=2)
@@ -40,7 +40,7 @@ def parse_args(argv=None):
 
 
 def load_baseline(path: str):
-    spec = importlib.util.spec_from_file_location("spec_decode_baseline", path)
+    spec = importlib.util.spec_from_file_location("proposer_baseline", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from deepinfer import LLM, SamplingParams
-    from deepinfer.worker import spec_decode
+    from deepinfer.spec import decoder, proposer
     baseline = load_baseline(args.baseline)
     common = dict(dtype="float32", max_model_len=16 + args.output_len + 8, max_num_seqs=4, skip_tokenizer_init=True)
     plain, spec = LLM(args.model, **common), LLM(args.model, num_speculative_tokens=args.nextn, **common)
@@ -71,16 +71,17 @@ def main(argv=None) -> int:
     acc = collections.defaultdict(float)
     timed(worker.runner, "run", "main_forward", acc)
     timed(worker.model, "draft", "draft_forward", acc)
-    for cls in (spec_decode.SpecDecoder, baseline.SpecDecoder):
-        for name, key in (("_verify", "verify"), ("_draft", "drafter"), ("execute", "step")):
-            timed(cls, name, key, acc, bound=False)
+    for name, key in (("_verify", "verify"), ("execute", "step")):
+        timed(decoder.SpecDecoder, name, key, acc, bound=False)
+    for cls in (proposer.DraftProposer, baseline.DraftProposer):
+        timed(cls, "propose", "drafter", acc, bound=False)
     g = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": [0] + torch.randint(3, 128000, (15,), generator=g).tolist()} for _ in range(4)]
     n = args.output_len
     work = {"greedy": [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)] * 4,
             "sampled": [SamplingParams(temperature=0.8, top_k=40, seed=11 + i, max_tokens=n, ignore_eos=True)
                         for i in range(4)]}
-    variants = {"plain": None, "baseline": baseline.SpecDecoder, "current": spec_decode.SpecDecoder}
+    variants = {"plain": None, "baseline": baseline.DraftProposer, "current": proposer.DraftProposer}
     tok_s, phases, tokens = (collections.defaultdict(list), collections.defaultdict(lambda: collections.defaultdict(list)),
                              {})
     for r in range(args.rounds + 1):
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
                 for vname, cls in variants.items():
                     llm = plain if cls is None else spec
                     if cls is not None:
-                        worker.spec.__class__ = cls
+                        worker.spec.proposer.__class__ = cls
                     acc.clear()
                     steps0 = llm.llm_engine.stats().spec_decode.num_steps
                     t = time.perf_counter()

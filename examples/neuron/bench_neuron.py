@@ -236,7 +236,7 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
 
 
 def spec_delta(before, after) -> dict:
-    """The engine's speculative-decoding counters over one cell (engine/spec_state.py)."""
+    """The engine's speculative-decoding counters over one cell (spec/stats.py)."""
     steps = after.num_decode_steps - before.num_decode_steps
     emitted = after.num_emitted_tokens - before.num_emitted_tokens
     ver = [a - (before.verified_at_depth[j] if j < len(before.verified_at_depth) else 0)

@@ -16,7 +16,6 @@ GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _MASK64 = (1 << 64) - 1
-MTP_SEED_OFFSET = 1000000007  # upstream DeepInfer _MTP_SEED_OFFSET: draft sampling uses seed + this
 CASE_SAMPLE, CASE_RESAMPLE, CASE_VERIFY = 0, 1, 2
 
 
@@ -29,7 +28,8 @@ def splitmix64(z: np.ndarray) -> np.ndarray:
 
 
 def _u64_array(values: Sequence[int]) -> np.ndarray:
-    # Python ints first, so seeds >= 2**63 (seed + MTP_SEED_OFFSET) wrap instead of overflowing.
+    # Python ints first, so seeds >= 2**63 (a draft stream's seed + spec/proposer.py DRAFT_SEED_OFFSET)
+    # wrap instead of overflowing.
     return np.array([int(v) & _MASK64 for v in values], dtype=_U64).reshape(-1)
 
 

@@ -33,7 +33,7 @@ from deepinfer.model_executor.layers.logits_filters import apply_min_p, apply_to
 from deepinfer.model_executor.layers.logits_penalties import (
     apply_bitmask, apply_frequency_presence, apply_logit_bias, apply_repetition_penalty)
 from deepinfer.model_executor.layers.sample_draw import (  # noqa: F401  (re-exported)
-    MTP_SEED_OFFSET, sample_from_logprobs, sample_from_probs, sample_uniforms, verify_uniforms)
+    sample_from_logprobs, sample_from_probs, sample_uniforms, verify_uniforms)
 from deepinfer.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _unseeded_rng = random.Random()
@@ -105,7 +105,7 @@ class SamplingBatch:
         the token being produced).
 
         seeds: None -> row i uses params_list[i].seed; otherwise seeds[i] (taken mod 2**64, so a
-        draft stream can pass seed + MTP_SEED_OFFSET). A row without a seed draws a random
+        draft stream can pass seed + spec/proposer.py DRAFT_SEED_OFFSET). A row without a seed draws a random
         64-bit one from `rng` (default: a process-wide random.Random).
         banned_ids_per_row: token ids that row i may not produce (min_tokens).
         need_logprobs: None -> only when some row asks for logprobs; True -> the sampled token's
@@ -211,7 +211,7 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # [N, k] f32
     # [R, V] f32, only when forward(keep_random_logprobs=True): the processed log-distribution of the
     # random rows (batch.random_rows order) the draws came from; the drafter keeps it as q
-    # (worker/spec_decode.py) instead of recomputing it.
+    # (spec/proposer.py) instead of recomputing it.
     random_logprobs: torch.Tensor | None = None
 
 
@@ -293,8 +293,9 @@ class Sampler:
         """log_softmax of the processed logits (§6.1 step 4) for `rows` (all when None)."""
         return torch.log_softmax(self.processed_logits(logits, batch, rows), dim=-1)
 
-    def _processed_logprobs(self, adjusted: torch.Tensor, batch: SamplingBatch,
-                            rows: torch.Tensor | None = None) -> torch.Tensor:
+    def adjusted_logprobs(self, adjusted: torch.Tensor, batch: SamplingBatch,
+                          rows: torch.Tensor | None = None) -> torch.Tensor:
+        """processed_logprobs of logits that already went through adjusted_logits (step a)."""
         return torch.log_softmax(self._processed_logits(adjusted, batch, rows), dim=-1)
 
     @staticmethod
@@ -309,7 +310,8 @@ class Sampler:
         ok = local >= 0
         x[local[ok], batch.banned_ids[ok]] = float("-inf")
 
-    def _greedy(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def greedy_tokens(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The argmax of each greedy row (batch.greedy_rows, in order) of adjusted logits, bans applied."""
         rows = batch.greedy_rows
         if rows.numel() == batch.num_rows and not batch.banned_ids.numel():
             return logits.argmax(dim=-1)
@@ -329,12 +331,12 @@ class Sampler:
         num_random = batch.random_rows.numel()
         token_ids = torch.empty(n, dtype=torch.int64, device=logits.device)
         if batch.greedy_rows.numel():
-            token_ids.index_copy_(0, batch.greedy_rows, self._greedy(logits, batch))
+            token_ids.index_copy_(0, batch.greedy_rows, self.greedy_tokens(logits, batch))
         if not batch.need_logprobs and num_random == 0:
             return SamplerOutput(token_ids=token_ids)
         # Process every row when logprobs are wanted (or all rows sample), else the random rows.
         rows = None if batch.need_logprobs or num_random == n else batch.random_rows
-        logprobs = self._processed_logprobs(logits, batch, rows)
+        logprobs = self.adjusted_logprobs(logits, batch, rows)
         lp = None
         if num_random:
             lp = logprobs if num_random == logprobs.shape[0] else logprobs.index_select(0, batch.random_rows)

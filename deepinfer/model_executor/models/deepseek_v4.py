@@ -157,11 +157,12 @@ class DeepseekV4Model(nn.Module):
             self.hc_head_base = f32_param(cfg.hc_mult)
             self.hc_head_scale = f32_param(1)
         self.target_layers = set(cfg.dspark_target_layer_ids or []) if cfg.is_v41 else set()
-        nextn = cfg.num_nextn_predict_layers if cfg.is_v41 else 0
-        if nextn:
-            layout = draft_layout or default_draft_layout(nextn)
+        # the draft layers keep the checkpoint's names: `mtp.{i}`, num_nextn_predict_layers of them
+        num_draft_layers = cfg.num_nextn_predict_layers if cfg.is_v41 else 0
+        if num_draft_layers:
+            layout = draft_layout or default_draft_layout(num_draft_layers)
             self.mtp = nn.ModuleList()
-            for i in range(nextn):
+            for i in range(num_draft_layers):
                 blk = DecoderLayer(cfg, cfg.num_layers + i, dtype, draft=True, shard=shard)
                 extras = DraftHeads(cfg, dtype, *layout[i])
                 for name, mod in extras.named_children():
@@ -238,6 +239,11 @@ class DeepseekV4Model(nn.Module):
         """(hidden_pre, base logits) of a DSpark draft block step (models/dspark_draft.py)."""
         return dspark_draft.draft_forward(self, step, cache)
 
+    def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
+                    prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, confidence) of one draft depth given the previous token (models/dspark_draft.py)."""
+        return dspark_draft.draft_heads(self, hidden, base, prev_ids)
+
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         # fp32 heads live in [D, V] memory order (post_load), so this is a contiguous sgemm; bf16 is
         # fastest as a plain row-major x @ W^T on these CPUs.
@@ -276,10 +282,10 @@ class DeepseekV4Model(nn.Module):
         return replaced
 
 
-def default_draft_layout(nextn: int) -> list[tuple[bool, bool]]:
-    """(has main_proj/main_norm, has markov/confidence/norm) per draft block: upstream DeepInfer
-    reads main_proj from mtp.0 and the heads from mtp.{nextn-1} (docs/model.md §2.2, §8 item 5)."""
-    return [(i == 0, i == nextn - 1) for i in range(nextn)]
+def default_draft_layout(num_draft_layers: int) -> list[tuple[bool, bool]]:
+    """(has main_proj/main_norm, has markov/confidence/norm) per draft block: upstream DeepInfer reads
+    main_proj from mtp.0 and the heads from the last block (docs/model.md §2.2, §8 item 5)."""
+    return [(i == 0, i == num_draft_layers - 1) for i in range(num_draft_layers)]
 
 
 def make_engram_spec(cfg):

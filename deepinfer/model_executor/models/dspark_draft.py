@@ -16,7 +16,8 @@ Two halves, both reading the main model's weights and caches:
 
 Block row k predicts the token at position a+2+k. The Markov head (`markov_logits`) and the
 confidence head (`confidence`) depend on the previous token of the block path (x0, then the draft
-sampled at k-1), so the caller samples the drafts one depth at a time (worker/spec_decode.py).
+sampled at k-1), so the proposer samples the drafts one depth at a time (spec/proposer.py), calling
+`draft_heads` per depth.
 
 Block keys are not written to the ring: the verification forward writes the main keys of the same
 positions before any draft block reads them (docs/model.md §5.3).
@@ -90,7 +91,7 @@ class DraftBlock:
     """Rows of one draft forward: sequence r drafts from x0 = first_tokens[r] at position last_pos[r] + 1.
 
     The last `placeholders` rows pad a data-parallel group to the step's largest group
-    (worker/step_fanout.py): scratch slot 0, their tokens select no expert, their outputs are dropped."""
+    (executor/step_fanout.py): scratch slot 0, their tokens select no expert, their outputs are dropped."""
     slots: list[int]
     last_pos: list[int]      # a: the last position whose main key is in the ring
     first_tokens: list[int]  # x0
@@ -151,6 +152,14 @@ def draft_forward(model, step: StepInputs, cache) -> tuple[torch.Tensor, torch.T
     last = model.mtp[-1]
     logits = model.compute_logits(k.rms_norm(hidden, last.norm.weight, cfg.rms_norm_eps))
     return hidden, logits
+
+
+def draft_heads(model, hidden: torch.Tensor, base: torch.Tensor,
+                prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [N, V] fp32, confidence [N] fp32) of one draft depth: the block row's base logits plus
+    the Markov head's of the previous token, and the confidence head's estimate."""
+    pe = markov_embed(model, prev_ids)
+    return base + markov_logits(model, pe), confidence(model, hidden, pe)
 
 
 def markov_embed(model, prev_ids: torch.Tensor) -> torch.Tensor:

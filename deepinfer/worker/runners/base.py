@@ -38,7 +38,7 @@ class RunnerStrategy:
 
     def prepare_host(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         """The step's host-built inputs and bucket: what a multi-rank driver publishes to its followers
-        (worker/step_fanout.py) before `to_device`."""
+        (executor/step_fanout.py) before `to_device`."""
         return build_step_inputs(chunks, self.layout), None
 
     def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:

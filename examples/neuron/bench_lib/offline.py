@@ -79,7 +79,7 @@ class OfflineDriver:
         self.engine.close()
 
     def spec_stats(self):
-        """The engine's speculative-decoding counters now (engine/spec_state.SpecDecodeStats)."""
+        """The engine's speculative-decoding counters now (spec/stats.SpecDecodeStats)."""
         return self.engine.stats().spec_decode
 
     @property

@@ -1,4 +1,4 @@
-"""Step-time model for confidence-scheduled verification (engine/spec_schedule.py), measured online.
+"""Step-time model for confidence-scheduled verification (spec/verify_plan.py), measured online.
 
 The engine records the execute time of every decode-only step under (S sequences, T query rows).
 Each (S, T) cell keeps its last WINDOW times and is worth their median: a step slowed by something

@@ -7,7 +7,7 @@ depth j = rows that accepted draft j / rows that verified a draft j.
 
 Confidence error (how well the draft head's confidences predict acceptance, what
 speculative_verify="confidence" schedules by): per verified draft j, |1[d_j accepted] - e_j| with
-e_j = c_0 * .. * c_j its predicted acceptance probability (engine/spec_schedule.py); the counters keep
+e_j = c_0 * .. * c_j its predicted acceptance probability (spec/verify_plan.py); the counters keep
 the sum, the mean is per verified draft. Drafts offered = drafts the decode rows held; verified per
 step = drafts verified / engine steps with a decode row.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deepinfer.engine.spec_schedule import acceptance_estimates
+from deepinfer.spec.verify_plan import acceptance_estimates
 
 
 @dataclass

@@ -1,19 +1,20 @@
-"""The processes of one model spread over ranks (docs/architecture.md §8).
+"""The processes of one host of a model spread over ranks (docs/architecture.md §8).
 
-The engine process is global rank 0, the driver. `start_worker` starts the other ranks of its host
-(one process per device: per NeuronCore, or per CPU process in host mode), joins the process group
-with them and returns the driver's Worker. Every other host runs `deepinfer follow` (worker/follower.py),
-which does the same for its own ranks. `LocalRanks` is what both keep: their follower processes, the
-host's step ring, and a watchdog thread over the processes.
+The engine process is global rank 0, the driver: its executor (executor/multi_rank.py) starts the
+other ranks of its host (one process per device: per NeuronCore, or per CPU process in host mode),
+joins the process group with them and builds the driver's Worker (executor/rank_bootstrap.py). Every
+other host runs `deepinfer follow` (executor/follower.py), which does the same for its own ranks.
+`LocalRanks` is what both keep: their follower processes, the host's step ring, and a watchdog
+thread over the processes.
 
 Faults:
 - a follower that dies (any signal or exit before shutdown) is seen by the watchdog within 0.1 s,
   whether or not a step runs; so is another host whose link to the driver closes
   (distributed/host_links.py), an error a remote rank leaves in the store, and a step older than
-  rank_step_timeout (the follower it waits on is named hung: worker/rank_liveness.py). The watchdog
+  rank_step_timeout (the follower it waits on is named hung: executor/rank_liveness.py). The watchdog
   records the RankFailure, kills the host's other followers (so a driver blocked in a collective with
   them gets a gloo error at once), tells other hosts to stop (KEY_STOP) and calls the listeners
-  (LLMEngine.watch_ranks: the server's engine thread). The step (Worker.execute under `guard`) raises
+  (LLMEngine.watch_ranks: the server's engine thread). The step (MultiRankExecutor.execute under `guard`) raises
   that RankFailure, and the driver tears the process group down (remote ranks waiting on it get
   errors and exit);
 - a rank that fails to start (device, checkpoint, config) writes its traceback to the store: the
@@ -44,11 +45,8 @@ from deepinfer.distributed import host_links, launch
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
-from deepinfer.platforms import current_platform
-from deepinfer.worker import cache_engine
-from deepinfer.worker.rank_liveness import StepClock, bound_collectives, exit_text, silent_follower
-from deepinfer.worker.step_fanout import StepFanout, slot_bytes
-from deepinfer.worker.worker import Worker, kv_pool_blocks, resolve_dtype
+from deepinfer.executor.rank_liveness import StepClock, exit_text, silent_follower
+from deepinfer.executor.step_fanout import StepFanout, slot_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +78,6 @@ def init_rank(engine_config, rank: int, local_rank: int, platform):
     groups = ParallelGroups.create(layout)
     host_group = launch.host_leaders_group(layout)
     return layout, groups, host_group
-
-
-def fixed_pool_config(model_config, engine_config):
-    """The engine config every rank runs: block size and KV pool size fixed by rank 0 (every rank's
-    pool must have the driver's block ids), and a store port on a single host."""
-    ec = engine_config
-    dtype = resolve_dtype(ec.dtype, model_config)
-    block = int(ec.block_size or cache_engine.default_block_size(model_config))
-    blocks = kv_pool_blocks(ec, block, cache_engine.bytes_per_block(model_config, block, dtype, ec.kv_cache_mode))
-    port = ec.master_port if ec.master_port is not None else launch.free_port(ec.master_addr)
-    return dataclasses.replace(ec, block_size=block, num_kv_blocks=blocks, master_port=port)
 
 
 class LocalRanks:
@@ -125,7 +112,7 @@ class LocalRanks:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         for local in range(1, self.per_node):
             rank = self.first_rank + local
-            cmd = [sys.executable, "-m", "deepinfer.worker.follower", "--rank", str(rank),
+            cmd = [sys.executable, "-m", "deepinfer.executor.follower", "--rank", str(rank),
                    "--local-rank", str(local), "--parent-pid", str(os.getpid()), "--config", config]
             self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
         if on_failure is not None:
@@ -435,43 +422,8 @@ def _stop_word(store) -> bool:
 
 
 def _close_at_exit(ref) -> None:
+    # The driver's executor closes first, with its stop message (executor/multi_rank.py registers
+    # its own exit hook later, so it runs earlier); this one only releases what is left.
     ranks = ref()
     if ranks is not None:
-        ranks.close(getattr(ranks, "fanout", None))
-
-
-def start_worker(model_config, engine_config, platform=None) -> Worker:
-    """The engine's Worker: on one rank a plain Worker; on several, the driver's, with its host's
-    followers started and every rank's model built."""
-    ec = engine_config
-    if ec.world_size == 1:
-        return Worker(model_config, ec, platform=platform)
-    if ec.node_rank != 0:
-        raise ValueError(f"node_rank {ec.node_rank}: the engine runs on node 0; run `deepinfer follow` "
-                         f"on the other hosts")
-    import torch.distributed as dist
-    if dist.is_initialized():
-        raise RuntimeError("this process already belongs to a torch.distributed process group (another "
-                           "multi-rank engine?): one per process; close the other engine first")
-    platform = platform or current_platform()
-    ec = fixed_pool_config(model_config, ec)
-    store = launch.open_store(ec.master_addr, ec.master_port, True, RENDEZVOUS_TIMEOUT_S)
-    store.set("deepinfer/config", json.dumps(dataclasses.asdict(ec)))
-    ranks = LocalRanks(ec, 0, store)
-    try:
-        ranks.spawn()
-        layout, groups, host_group = ranks.join(platform)
-        channel = StepChannel("driver", host_group=host_group, check=ranks.raise_if_failed)
-        fanout = StepFanout(layout, groups, channel)
-        worker = Worker(model_config, ec, rank=0, parallel=groups, fanout=fanout, platform=platform)
-        ranks.attach_ring(channel, worker.runner.strategy, layout.dp)
-        ranks.wait_count(launch.KEY_READY, layout.world_size - 1, "every rank to build its model")
-    except BaseException:
-        ranks.abort()
-        raise
-    ranks.fanout = fanout
-    worker.ranks = ranks
-    bound_collectives([groups.cp, groups.lane, groups.ep, groups.dp_leaders, host_group], ec.rank_step_timeout)
-    logger.info("model on %d ranks (cp=%d, ep=%d, lanes of %d, %d host(s)); followers %s", layout.world_size,
-                layout.cp, layout.ep, layout.attn_tp, layout.nnodes, ranks.pids)
-    return worker
+        ranks.close()

@@ -8,14 +8,14 @@ tokens, in expectation 1 + e_0 + .. + e_{k-1}.
 A step of S decode rows that verifies K drafts in all feeds T = S + K query rows. Verifying the K
 drafts with the largest estimates gives the most expected tokens for that T, and e_j never grows with
 j, so those K drafts are a prefix of every row's drafts (ties go to the shallower draft). The plan
-takes the T that maximises expected tokens / estimated step time(T) (engine/step_time.py), within a
+takes the T that maximises expected tokens / estimated step time(T) (spec/step_times.py), within a
 row budget (max_num_batched_tokens).
 
 The head's confidences need not be calibrated (on a checkpoint whose drafts are never accepted they
 still predict about one in two), so the plan scales each depth's estimates by how they have fared
 (AcceptanceCalibration: accepted / predicted over recently verified drafts, with a prior).
 
-Greedy rows emit exactly their plain greedy tokens whatever they verify (layers/spec_verify.py).
+Greedy rows emit exactly their plain greedy tokens whatever they verify (spec/verify.py).
 Sampled rows stay distributed as the target, but which draws they make depends on how many drafts
 they verify, so a seeded request's tokens then depend on the batch (docs/model.md §6.4).
 """

@@ -1,6 +1,8 @@
 """StepFanout: one engine step run by every rank of a model spread over ranks (docs/architecture.md §8).
 
-The driver (rank 0) alone schedules and samples. Per step, through ModelRunner.run:
+It is the multi-rank form of the ModelRunner's transport (worker/step_transport.py; one rank uses
+SingleRankTransport), and the only code that knows the step message's wire kinds. The driver
+(rank 0) alone schedules and samples. Per step, through ModelRunner.run:
 - prepare: with one CP group (dp = 1) the step is the scheduler's rows. With data-parallel attention
   (expert_parallel_size > context_parallel_size, dp = ep / cp CP groups), each chunk goes to group
   `state_slot % dp` (a sequence keeps its slot, so its KV stays on its group's ranks), and every group
@@ -11,13 +13,14 @@ The driver (rank 0) alone schedules and samples. Per step, through ModelRunner.r
 - execute: every rank runs its group's step through the same strategy forward (same graphs); the
   first rank of each CP group then all-gathers its group's real logits rows, padded to the step's
   largest group, over `ParallelGroups.dp_leaders`, and the driver puts them back in chunk order.
-Followers get the message in `receive` and run `ModelRunner.execute` on it (ModelRunner.follow).
+Followers get the message in `receive` and run `ModelRunner.execute` on it (`follow`).
 
 Speculative decoding adds a second message per step: the DSpark draft block (`prepare_draft`), which
 every rank runs through the draft layers (their MoE and lane attention have collectives). Its rows are
 shared out like a step's (group `state_slot % dp`, each group padded with placeholder rows to the
 largest group), and the group leaders all-gather [hidden_pre | base logits] per row so the driver
-samples the drafts (ModelRunner.draft).
+samples the drafts (ModelRunner.draft, `gather_draft`); followers run it through
+`ModelRunner.execute_draft`.
 
 The KV pools are full size on every rank, although a rank only ever holds its group's sequences:
 with dp > 1 that is dp times the memory the rows need (the scheduler has one block pool for all).
@@ -34,7 +37,7 @@ from deepinfer.distributed.step_codec import (KIND_DRAFT, KIND_SHUTDOWN, KIND_ST
 from deepinfer.model_executor.forward_meta import SeqChunk, step_to
 from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
 from deepinfer.model_executor.static_step import Bucket, pad_chunks
-from deepinfer.worker.model_runner import PreparedStep
+from deepinfer.worker.step_transport import PreparedStep, logit_rows
 
 # Extra bytes per ring slot beyond the largest measured step (JSON lengths vary with the numbers).
 _SLOT_HEADROOM = 64 << 10
@@ -46,10 +49,6 @@ class FanoutStep:
     gather_rows: int                # logits rows every group leader contributes
     order: torch.Tensor | None = None  # driver, dp > 1: gathered row of each real logits row, chunk order
     kind: int = KIND_STEP           # KIND_STEP (a main forward) or KIND_DRAFT (a draft block)
-
-
-def _logit_rows(chunks: list[SeqChunk]) -> int:
-    return sum(min(c.num_logits, c.num_new) for c in chunks)
 
 
 def split_groups(chunks: list[SeqChunk], dp: int) -> tuple[list[list[SeqChunk]], list[list[int]]]:
@@ -93,6 +92,8 @@ def gather_order(index: list[list[int]], sizes: list[int], stride: int) -> torch
 
 
 class StepFanout:
+    """The transport of a model spread over ranks (worker/step_transport.py StepTransport)."""
+
     def __init__(self, layout, groups, channel):
         """layout: this rank's ParallelLayout; groups: its ParallelGroups; channel: its StepChannel."""
         self.layout = layout
@@ -105,16 +106,16 @@ class StepFanout:
         dp = self.layout.dp
         if dp == 1:
             step, bucket = strategy.prepare_host(chunks)
-            n = _logit_rows(chunks)
+            n = logit_rows(chunks)
             msg = StepMessage(KIND_STEP, [GroupStep(step, bucket, n)], n)
             return PreparedStep(strategy.to_device(step, bucket), bucket, n, FanoutStep(msg, n))
         per, index = split_groups(chunks, dp)
         groups = []
         for g in per:
             step, bucket = strategy.prepare_host(g)
-            groups.append(GroupStep(step, bucket, _logit_rows(g)))
+            groups.append(GroupStep(step, bucket, logit_rows(g)))
         rows = max(g.num_logits for g in groups)
-        order = gather_order(index, [_logit_rows([c]) for c in chunks], rows)
+        order = gather_order(index, [logit_rows([c]) for c in chunks], rows)
         msg = StepMessage(KIND_STEP, groups, rows)
         own = groups[self.layout.dp_rank]
         return PreparedStep(strategy.to_device(own.step, own.bucket), own.bucket, own.num_logits,
@@ -161,7 +162,29 @@ class StepFanout:
             return logits
         return gathered.index_select(0, fs.order.to(gathered.device))
 
+    def gather_draft(self, prepared: PreparedStep, hidden: torch.Tensor,
+                     base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`gather` of a draft block's rows: one gather for both, hidden_pre travelling as fp32 beside
+        the fp32 base logits."""
+        d = hidden.shape[1]
+        rows = self.gather(prepared, torch.cat([hidden.float(), base], dim=1)[: prepared.num_logits])
+        return rows[:, :d].to(hidden.dtype), rows[:, d:]
+
     # -- followers -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def follow(self, runner) -> int:
+        """A follower's loop: run every step the driver publishes through runner.execute (the same
+        strategy forward, no sampling) and every draft block through runner.execute_draft, until the
+        driver says stop; returns the number of messages run."""
+        steps = 0
+        while (prepared := self.receive(runner.strategy)) is not None:
+            if prepared.fanout.kind == KIND_DRAFT:
+                runner.execute_draft(prepared)
+            else:
+                runner.execute(prepared)
+            steps += 1
+        return steps
+
     def receive(self, strategy) -> PreparedStep | None:
         """This rank's share of the next published step, on its device; None when told to stop."""
         msg = decode(self.channel.receive(), group=self.layout.dp_rank)
@@ -205,14 +228,14 @@ def slot_bytes(strategy, engine_config, dp: int) -> int:
     if seqs > 1 and tokens > seqs:
         cases.append([chunk(1, s + 1) for s in range(seqs - 1)] + prompt_chunks(tokens - seqs + 3, seqs))
     cases.append([chunk(1, s + 1) for s in range(seqs)])
-    drafts = int(getattr(engine_config, "num_speculative_tokens", 0) or 0)
+    drafts = int(engine_config.num_speculative_tokens)
     if drafts:   # verification rows: 1 + B tokens each, as many as the token budget holds
         rows = max(1, min(seqs, tokens // (1 + drafts)))
         cases.append([chunk(1 + drafts, s + 1) for s in range(rows)])
     largest = 0
     for chunks in cases:
         step, bucket = strategy.prepare_host(chunks)
-        msg = StepMessage(KIND_STEP, [GroupStep(step, bucket, _logit_rows(chunks))], 0)
+        msg = StepMessage(KIND_STEP, [GroupStep(step, bucket, logit_rows(chunks))], 0)
         largest = max(largest, len(to_bytes(msg)))
     if drafts:   # the draft block of every sequence
         block = DraftBlock(list(range(1, seqs + 1)), [max_len - 2] * seqs, [1] * seqs, drafts)

@@ -1,4 +1,4 @@
-"""What the ranks' watchdog (worker/ranks.py LocalRanks) reads to tell a lost rank, step or no step.
+"""What the ranks' watchdog (executor/local_ranks.py LocalRanks) reads to tell a lost rank, step or no step.
 
 - how a follower process ended, in words (`exit_text`);
 - whether a step is running and for how long (`StepClock`: the driver's step opens it, the watchdog

@@ -1,10 +1,10 @@
-"""A follower rank: `python -m deepinfer.worker.follower` (started by worker/ranks.py), and the first
-rank of another host: `deepinfer follow` (docs/architecture.md §8).
+"""A follower rank: `python -m deepinfer.executor.follower` (started by executor/local_ranks.py), and
+the first rank of another host: `deepinfer follow` (docs/architecture.md §8).
 
-A follower selects its device first (on Neuron: its NeuronCore, before the runtime starts), joins
-the process group, builds its Worker with the driver's KV pool size, maps its host's step ring and
-then runs `ModelRunner.follow`: every step the driver publishes, through the same strategy forward,
-without sampling, until the driver's stop message. Whatever fails is written to the store under the
+A follower starts its rank (executor/rank_bootstrap.py: its device first, on Neuron its NeuronCore
+before the runtime starts; the process group; its Worker with the driver's KV pool size; its host's
+step ring) and then runs `StepFanout.follow`: every step the driver publishes, through the same
+strategy forward, without sampling, until the driver's stop message. Whatever fails is written to the store under the
 rank's key before the process exits, so the driver's error names the rank and carries the traceback.
 
 Launched as a module (a fresh interpreter, like multiprocessing's spawn, but one that never re-imports
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import traceback
 
 
@@ -25,21 +24,6 @@ def _parent_check(parent_pid: int):
         if os.getppid() != parent_pid:
             raise SystemExit(f"the launcher (pid {parent_pid}) is gone")
     return check
-
-
-def _open_ring(store, node: int, reader_index: int, check):
-    """Map this host's ring (name and size from the store); the last reader to map it unlinks it."""
-    from deepinfer.distributed import launch
-    from deepinfer.distributed.step_ring import StepRing
-    key = launch.ring_key(node)
-    while not store.check([key]):
-        check()
-        time.sleep(0.02)
-    info = json.loads(store.get(key))
-    ring = StepRing.open(info["name"], info["size"], reader_index)
-    if store.add(launch.ring_mapped_key(node), 1) == ring.num_readers:
-        ring.unlink()
-    return ring
 
 
 def run_follower(rank: int, local_rank: int, parent_pid: int, config: dict) -> int:
@@ -55,23 +39,14 @@ def run_follower(rank: int, local_rank: int, parent_pid: int, config: dict) -> i
     store = launch.open_store(ec.master_addr, ec.master_port, False, 600.0)
     check = _parent_check(parent_pid)
     try:
+        from deepinfer.executor.rank_bootstrap import start_rank
         platform = current_platform()
-        platform.set_device(local_rank)   # before anything touches the device
-        store.add(launch.KEY_DEVICE, 1)
         model_config = ModelConfig.from_pretrained(ec.model)
         ec.resolve(model_config)
-        from deepinfer.distributed.step_channel import StepChannel
-        from deepinfer.worker.ranks import init_rank
-        from deepinfer.worker.step_fanout import StepFanout
-        from deepinfer.worker.worker import Worker
-        layout, groups, _ = init_rank(ec, rank, local_rank, platform)
-        channel = StepChannel("reader", check=check)
-        worker = Worker(model_config, ec, rank=local_rank, parallel=groups,
-                        fanout=StepFanout(layout, groups, channel), platform=platform)
-        channel.ring = _open_ring(store, layout.node_rank, local_rank - 1, check)
-        store.add(launch.KEY_READY, 1)
-        worker.runner.follow()
-        channel.ring.close()
+        rt = start_rank("reader", model_config, ec, platform, store, rank=rank, local_rank=local_rank,
+                        check=check)
+        rt.fanout.follow(rt.worker.runner)
+        rt.fanout.channel.ring.close()
     except BaseException:  # noqa: BLE001 - reported to the driver, then the process exits
         text = traceback.format_exc()
         sys.stderr.write(f"deepinfer rank {rank}: {text}")
@@ -86,12 +61,10 @@ def run_host(engine_config) -> int:
     """`deepinfer follow`: the first rank of host node_rank, and the launcher of that host's others."""
     from deepinfer.config import ModelConfig
     from deepinfer.distributed import launch
-    from deepinfer.distributed.step_channel import StepChannel
     from deepinfer.engine_config import EngineConfig
+    from deepinfer.executor.local_ranks import RENDEZVOUS_TIMEOUT_S, LocalRanks
+    from deepinfer.executor.rank_bootstrap import start_rank
     from deepinfer.platforms import current_platform
-    from deepinfer.worker.ranks import RENDEZVOUS_TIMEOUT_S, LocalRanks
-    from deepinfer.worker.step_fanout import StepFanout
-    from deepinfer.worker.worker import Worker
 
     ec = engine_config
     if ec.node_rank == 0:
@@ -118,14 +91,9 @@ def run_host(engine_config) -> int:
             os._exit(1)
 
         ranks.spawn(on_failure=host_failed)
-        platform = current_platform()
-        layout, groups, host_group = ranks.join(platform)
-        channel = StepChannel("host_leader", host_group=host_group, check=ranks.raise_if_failed)
-        worker = Worker(model_config, mine, rank=0, parallel=groups, fanout=StepFanout(layout, groups, channel),
-                        platform=platform)
-        ranks.attach_ring(channel, worker.runner.strategy, layout.dp)
-        store.add(launch.KEY_READY, 1)
-        worker.runner.follow()
+        rt = start_rank("host_leader", model_config, mine, current_platform(), store, rank=rank, local_rank=0,
+                        check=ranks.raise_if_failed, ranks=ranks)
+        rt.fanout.follow(rt.worker.runner)
         ranks.close(None)   # the stop message went on to this host's ring with the others
     except BaseException:  # noqa: BLE001 - reported to the driver
         text = traceback.format_exc()
@@ -145,7 +113,7 @@ def _check_same_world(mine, driver) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m deepinfer.worker.follower",
+    ap = argparse.ArgumentParser(prog="python -m deepinfer.executor.follower",
                                  description="one follower rank (started by the driver or `deepinfer follow`)")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--local-rank", type=int, required=True)

@@ -1,5 +1,10 @@
 """Speculative verification: the accept / resample rule of docs/model.md §6.4.
 
+It lives in the spec package, beside the proposer that makes the drafts it judges, because it is the
+one rule that ties the two together (which q a draft came from, which draw stream it used); the
+distributions it judges under are the sampler's own (layers/sampler.py), computed by its public
+functions, so a verified token and a plainly sampled one see the same processed distribution.
+
 A request r verifies B draft tokens d_0 .. d_{B-1} with one main forward over
 [x0, d_0, .., d_{B-1}]; verify row j of that forward predicts the token at position
 positions[r] + j, the position d_j would take. So row j both judges d_j and, when d_j is the
@@ -35,7 +40,7 @@ alpha at d_j, which is exact for a greedy draft under a sampled target.
 
 Draws are keyed by (request seed, position, case) only (§6.2): the verify draw and the case-1
 resample draw are streams apart from the case-0 sampling draw, and nothing depends on the batch.
-The drafter samples with seed + MTP_SEED_OFFSET, a different stream again.
+The proposer samples drafts with seed + DRAFT_SEED_OFFSET (spec/proposer.py), a different stream again.
 """
 
 from __future__ import annotations
@@ -214,12 +219,12 @@ def verify(
     adjusted = Sampler.adjusted_logits(flat, sb)
     num_accepted = torch.zeros(r, dtype=torch.int64, device=dev)
     token_ids = torch.full((r, depth), NO_TOKEN, dtype=torch.int64, device=dev)
-    logprobs_all = sampler._processed_logprobs(adjusted, sb) if sb.need_logprobs else None
+    logprobs_all = sampler.adjusted_logprobs(adjusted, sb) if sb.need_logprobs else None
 
     greedy_req = batch.greedy.nonzero().squeeze(1)
     if greedy_req.numel():
         # sb.greedy_rows are exactly these requests' verify rows, in the same order.
-        top = sampler._greedy(adjusted, sb).reshape(-1, depth)
+        top = sampler.greedy_tokens(adjusted, sb).reshape(-1, depth)
         acc = _accepted_prefix(top[:, :b] == drafts.index_select(0, greedy_req))
         keep = torch.arange(depth, device=dev).unsqueeze(0) <= acc.unsqueeze(1)
         num_accepted.index_copy_(0, greedy_req, acc)
@@ -230,7 +235,7 @@ def verify(
         if logprobs_all is not None:
             lp = logprobs_all.index_select(0, sb.random_rows)
         else:
-            lp = sampler._processed_logprobs(adjusted, sb, sb.random_rows)
+            lp = sampler.adjusted_logprobs(adjusted, sb, sb.random_rows)
         lp = lp.reshape(-1, depth, vocab)
         acc, emitted = _verify_sampled(
             lp, drafts.index_select(0, sampled_req),

@@ -1,0 +1,109 @@
+"""The speculative step on the driver: one main forward verifies every row's drafts, then one draft
+block proposes the next drafts (docs/model.md §3.8, §6.4).
+
+For the scheduled rows (engine/scheduler.py; the worker, worker/worker.py, built their chunks):
+1. main forward (ModelRunner.run, no sampling): a decode row with drafts d_0 .. d_{n-1} is the chunk
+   [x0, d_0, .., d_{n-1}] with 1 + n logits rows; every other row is as without drafts. The forward
+   also writes the draft layers' main keys (models/dspark_draft.py);
+2. rows without drafts sample as usual (ModelRunner.sample, with the worker's SampleRequests); rows
+   with drafts go through spec/verify.py: greedy accepts while the draft equals the argmax, sampled
+   accepts with probability min(1, p/q) and resamples from the residual, every draw keyed by
+   (seed, position). Depth j is judged under the bans (stop_rules.banned_token_ids `ahead` j) and
+   grammar mask it would have as the j-th next output;
+3. every sampling row then gets its next drafts (spec/proposer.py).
+
+A logprobs row gets, for every emitted token, the logprob, rank and top-N that the plain sampler
+would report there: verification computes them from the processed target distribution of that
+depth (verify.VerifyOutput, sampler.logprob_output).
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer.spec.proposer import DraftProposer, depth_bans, grammar_masks
+from deepinfer.spec.verify import VerifyBatch, verify
+from deepinfer.step_result import RowResult, StepResult, sampled_rows
+
+
+class SpecDecoder:
+    def __init__(self, runner, num_drafts: int, max_model_len: int, eos_ids, noise_id: int):
+        """runner: the driver's ModelRunner (worker/model_runner.py)."""
+        self.runner = runner
+        self.eos_ids = list(eos_ids)
+        self.proposer = DraftProposer(runner, num_drafts, max_model_len, eos_ids, noise_id)
+
+    @torch.inference_mode()
+    def execute(self, scheduled, chunks, plain_samples, scores):
+        """(StepResult, the ScoreRequests' results) of one step of `scheduled` (as `chunks`).
+        plain_samples: the SampleRequest of each sampling row without drafts, in order."""
+        out = self.runner.run(chunks, None, scores or None)
+        logits = out.logits
+        plain, spec = [], []  # (scheduled index, first sampling row)
+        row = 0
+        for i, (s, c) in enumerate(zip(scheduled, chunks)):
+            n_rows = min(c.num_logits, c.num_new)
+            if s.do_sample:
+                first = row + n_rows - (1 + len(s.draft_token_ids))
+                (spec if s.draft_token_ids else plain).append((i, first))
+            row += n_rows
+        if len(plain) != len(plain_samples):
+            raise ValueError(f"{len(plain)} sampling rows without drafts but {len(plain_samples)} sample requests")
+        results: dict[int, RowResult] = {}
+        if plain:
+            idx = torch.tensor([r for _, r in plain], dtype=torch.long, device=logits.device)
+            sampled = self.runner.sample(logits.index_select(0, idx), plain_samples)
+            results.update(zip((i for i, _ in plain), sampled_rows(sampled)))
+        if spec:
+            results.update(self._verify(scheduled, spec, logits))
+        self.proposer.propose(scheduled, results)
+        return StepResult([results[i] for i, s in enumerate(scheduled) if s.do_sample]), out.scores
+
+    def _verify(self, scheduled, spec, logits) -> dict[int, RowResult]:
+        bmax = max(len(scheduled[i].draft_token_ids) for i, _ in spec)
+        vocab = logits.shape[1]
+        seqs = [scheduled[i].seq for i, _ in spec]
+        target = torch.empty(len(spec), bmax + 1, vocab, dtype=logits.dtype, device=logits.device)
+        drafts = torch.full((len(spec), bmax), -1, dtype=torch.long)
+        q = None
+        bans, outs, masks = [], [], []
+        for r, (i, first) in enumerate(spec):
+            s = scheduled[i]
+            n = len(s.draft_token_ids)
+            target[r, :n + 1] = logits[first:first + n + 1]
+            target[r, n + 1:] = logits[first + n]  # unused depths (no draft there)
+            drafts[r, :n] = torch.tensor(s.draft_token_ids, dtype=torch.long)
+            lp = s.seq.draft_logprobs
+            if lp is not None:
+                if q is None:
+                    q = torch.zeros(len(spec), bmax, vocab, dtype=torch.float32, device=logits.device)
+                q[r, :n] = lp[:n].to(q.device)
+            sp = s.seq.sampling_params
+            penalised = sp.penalises_output or sp.penalises_repetition  # only those rows read outputs
+            for j in range(bmax + 1):
+                bans.append(depth_bans(s.seq, self.eos_ids, j))
+                outs.append(s.seq.output_token_ids + list(s.draft_token_ids[:j]) if penalised else ())
+            masks += grammar_masks(s.seq, self.eos_ids, list(s.draft_token_ids), 0, bmax + 1)
+        batch = VerifyBatch.build([x.sampling_params for x in seqs], [len(x) for x in seqs], bmax,
+                                  seeds=[x.seed for x in seqs], banned_ids_per_row=bans,
+                                  output_ids_per_row=outs,
+                                  prompt_ids_per_row=[x.prompt_token_ids for x in seqs],
+                                  bitmask_per_row=masks, device=logits.device)
+        res = verify(target, drafts.to(logits.device), q, batch, self.runner.sampler)
+        acc, tokens = res.num_accepted.tolist(), res.token_ids.tolist()
+        found = {}
+        for r, (i, _) in enumerate(spec):
+            if res.logprobs is None:
+                emitted = [(t, None, None, []) for t in tokens[r][:acc[r] + 1]]
+            else:
+                emitted = [_verified_token(res, r, j) for j in range(acc[r] + 1)]
+            found[i] = RowResult(emitted, num_drafts=len(scheduled[i].draft_token_ids), num_accepted=acc[r])
+        return found
+
+
+def _verified_token(res, r: int, j: int) -> tuple:
+    """(token_id, logprob, rank, top) of request r's emitted token at depth j of a VerifyOutput."""
+    top = []
+    if res.top_ids is not None and res.top_logprobs is not None:
+        top = list(zip(res.top_ids[r, j].tolist(), res.top_logprobs[r, j].tolist()))
+    rank = None if res.token_ranks is None else int(res.token_ranks[r, j])
+    return int(res.token_ids[r, j]), float(res.logprobs[r, j]), rank, top

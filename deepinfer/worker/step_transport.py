@@ -1,0 +1,73 @@
+"""How a step's inputs reach the ranks that run it, and how their logits rows come back: the one
+seam between the ModelRunner (worker/model_runner.py) and a model spread over ranks.
+
+The runner prepares, publishes and gathers every step, and every draft block, through its transport:
+- SingleRankTransport (here): this rank alone runs the step; its inputs are the strategy's own,
+  publishing does nothing and every logits row is already local;
+- StepFanout (executor/step_fanout.py): the step shared out over the ranks of one model, published
+  to the followers and its rows gathered back to the driver; it also owns the followers' receive loop
+  and the wire kinds of its messages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, step_to
+from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
+from deepinfer.model_executor.static_step import Bucket
+
+
+@dataclass
+class PreparedStep:
+    step: StepInputs
+    bucket: Bucket | None
+    num_logits: int   # real logits rows (the strategy may return more: padding rows)
+    fanout: object = None  # executor/step_fanout.FanoutStep: the step's share-out over ranks (None: one rank)
+
+
+def logit_rows(chunks: list[SeqChunk]) -> int:
+    """Logits rows the chunks produce (a chunk's num_logits, at most its new tokens)."""
+    return sum(min(c.num_logits, c.num_new) for c in chunks)
+
+
+class StepTransport(Protocol):
+    def prepare(self, strategy, chunks: list[SeqChunk]) -> PreparedStep:
+        """This rank's share of the step, on its device (the whole step's share-out kept for publish)."""
+
+    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
+        """A DSpark draft block (models/dspark_draft.py) as a step: B rows per sequence."""
+
+    def publish(self, prepared: PreparedStep) -> None:
+        """Hand the prepared step to every other rank that runs it."""
+
+    def gather(self, prepared: PreparedStep, logits: torch.Tensor) -> torch.Tensor:
+        """The driver: every real logits row of the step, in chunk order, from this rank's."""
+
+    def gather_draft(self, prepared: PreparedStep, hidden: torch.Tensor,
+                     base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The driver: (hidden_pre, base logits) of every block row, in block order, from this rank's."""
+
+
+class SingleRankTransport:
+    """The model runs on this rank alone."""
+
+    def prepare(self, strategy, chunks: list[SeqChunk]) -> PreparedStep:
+        step, bucket = strategy.prepare(chunks)
+        return PreparedStep(step, bucket, logit_rows(chunks))
+
+    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
+        step = step_to(draft_step_inputs(block, strategy.layout, noise_id), strategy.device)
+        return PreparedStep(step, None, len(block) * block.block)
+
+    def publish(self, prepared: PreparedStep) -> None:
+        pass
+
+    def gather(self, prepared: PreparedStep, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def gather_draft(self, prepared: PreparedStep, hidden: torch.Tensor,
+                     base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return hidden, base
