@@ -77,7 +77,7 @@ def _meta_setup(kind, dtype, mode="plain", weights="dense", drafts=0):
     "packed": the checkpoint's quantized tensors kept packed (fp8 / fp4 kernels, packed experts).
     drafts > 0: speculative decoding (draft keys written by the forward, rings grown for rollback)
     and a step of verification rows (1 + drafts tokens, one row shorter) in its verify bucket."""
-    from deepinfer.model_executor.memory_report import config_weight_formats
+    from deepinfer.tools.memory_report import config_weight_formats
     from deepinfer.worker.cache_engine import speculative_ring_rows
     cfg = tiny_config(kind)
     model = DeepseekV4Model(cfg, dtype)

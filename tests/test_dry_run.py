@@ -1,4 +1,4 @@
-"""Full-scale dry run (deepinfer/model_executor/dry_run.py, examples/neuron/memory_report.py --cp/--ep/--step).
+"""Full-scale dry run (deepinfer/tools/dry_run.py, examples/neuron/memory_report.py --cp/--ep/--step).
 
 At small scale (tiny V4.1, fake 4-rank worlds) every rank's bytes are checked against a count made
 here from the canonical tensor list and the sharding rules of the design (docs/neuron.md §5.5, §5.6),
@@ -16,8 +16,8 @@ import torch
 
 from deepinfer.config import ModelConfig
 from deepinfer.distributed.parallel_layout import ParallelLayout
-from deepinfer.model_executor import dry_run as dr
-from deepinfer.model_executor import memory_report as mr
+from deepinfer.tools import dry_run as dr
+from deepinfer.tools import memory_report as mr
 from deepinfer.model_executor.loader import is_fp32_tensor
 from deepinfer.model_executor.tiny_checkpoint import tensor_shapes, v41_tiny_config
 from model_helpers import tiny_config

@@ -106,3 +106,52 @@ def test_platforms_never_import_worker_or_engine():
     bad = [(m, d) for m, deps in g.items() if m.startswith("deepinfer.platforms")
            for d in deps if d.startswith(("deepinfer.worker", "deepinfer.engine", "deepinfer.entrypoints", "deepinfer.serve"))]
     assert not bad, bad
+
+
+# -- layering: which package may import which (docs/architecture.md) -------------------------------
+
+RUNTIME = ("deepinfer", "serve")
+ABOVE_MODEL = ("deepinfer.worker", "deepinfer.engine", "deepinfer.entrypoints", "deepinfer.platforms",
+               "deepinfer.serve", "deepinfer.tools", "deepinfer.cli", "serve")
+# distributed -> model_executor edges that remain: the step codec encodes the model's step types
+# (StepInputs, CompressMeta, Bucket) for the follower ranks, and the shared Engram tables are filled
+# through the loader. Each closes the package circle model_executor -> distributed (collectives,
+# groups, layout) -> model_executor; the list may only shrink.
+DISTRIBUTED_TO_MODEL_EXCEPTIONS = {
+    ("deepinfer.distributed.step_codec", "deepinfer.model_executor.forward_meta"),
+    ("deepinfer.distributed.step_codec", "deepinfer.model_executor.static_step"),
+    ("deepinfer.distributed.shared_tables", "deepinfer.model_executor.loader"),
+}
+
+
+def _in(module: str, packages) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_model_executor_imports_nothing_above_it():
+    g = import_graph()
+    bad = [(m, d) for m, deps in g.items() if _in(m, ("deepinfer.model_executor",))
+           for d in sorted(deps) if _in(d, ABOVE_MODEL)]
+    assert not bad, bad
+
+
+def test_no_runtime_package_imports_the_tools():
+    g = import_graph()
+    bad = [(m, d) for m, deps in g.items() if _in(m, RUNTIME) and not _in(m, ("deepinfer.tools",))
+           for d in sorted(deps) if _in(d, ("deepinfer.tools",))]
+    assert not bad, bad
+
+
+def test_distributed_and_model_executor_import_each_other_only_through_the_stated_edges():
+    g = import_graph()
+    back = {(m, d) for m, deps in g.items() if _in(m, ("deepinfer.distributed",))
+            for d in deps if _in(d, ("deepinfer.model_executor",))}
+    assert back <= DISTRIBUTED_TO_MODEL_EXCEPTIONS, sorted(back - DISTRIBUTED_TO_MODEL_EXCEPTIONS)
+
+
+def test_layering_checks_see_a_violation():
+    """The checks themselves: an upward edge planted in a copy of the graph is found."""
+    g = import_graph()
+    g["deepinfer.model_executor.shard_plan"] = g["deepinfer.model_executor.shard_plan"] | {"deepinfer.worker.worker"}
+    assert [(m, d) for m, deps in g.items() if _in(m, ("deepinfer.model_executor",))
+            for d in deps if _in(d, ABOVE_MODEL)] == [("deepinfer.model_executor.shard_plan", "deepinfer.worker.worker")]

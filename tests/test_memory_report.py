@@ -1,4 +1,4 @@
-"""Weight memory report (deepinfer/model_executor/memory_report.py, examples/neuron/memory_report.py)."""
+"""Weight memory report (deepinfer/tools/memory_report.py, examples/neuron/memory_report.py)."""
 import importlib.util
 import json
 import math
@@ -11,7 +11,7 @@ from safetensors import safe_open
 from torch import nn
 
 from deepinfer.config import ModelConfig
-from deepinfer.model_executor import memory_report as mr
+from deepinfer.tools import memory_report as mr
 
 REPO = Path(__file__).resolve().parent.parent
 V41_FLASH = REPO / "examples" / "configs" / "v41-flash.json"

@@ -16,7 +16,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.model_executor.layers import moe, quant, quant_gemm
 from deepinfer.model_executor.layers.engram import engram_embed
-from deepinfer.model_executor.memory_report import resident_bytes
+from deepinfer.tools.memory_report import resident_bytes
 from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table, is_packed
 from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.worker.worker import build_model

@@ -2,129 +2,22 @@
 by the NKI interpreter while it runs the kernel on random weights, and a roofline estimate of its
 trn2 time, next to the seed's measured kernel figures.
 
+The logic lives in deepinfer/tools/kernel_report.py; this is its command line.
+
     python examples/neuron/kernel_report.py --config examples/configs/v41-flash.json [--rows 1,64] \
         [--json kernel_report.json] [--scale 1]
 
 --scale N divides every width by N (a fast run at small shapes; the test uses it).
-
-The roofline is labelled an estimate: time >= max(HBM bytes / bandwidth, TensorE FLOPs / peak) for
-one logical core at LNC = 2 (the grid-2 launch), from docs/neuron.md section 1.1 (Trainium2 chip:
-2.9 TB/s HBM, 667 BF16 / 181 FP32 dense TFLOPS, 8 NeuronCores): per logical core (2 physical
-cores) 2.9 / 4 = 0.725 TB/s, 667 / 4 = 166.75 BF16 TFLOPS, 181 / 4 = 45.25 FP32 TFLOPS. It leaves
-out the Vector Engine, which dequantizes every weight element and which the seed's figures suggest
-is what bounds these kernels (compare the two columns); the vector instruction count is printed so
-the gap can be read against it.
 """
 import argparse
 import json
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from deepinfer.config import ModelConfig  # noqa: E402
-from deepinfer.neuron_ops.nki import ops  # noqa: E402
-
-HBM_BYTES_PER_S = 2.9e12 / 4
-PEAK_FLOPS = {torch.bfloat16: 667e12 / 4, torch.float32: 181e12 / 4}
-ASSUMPTIONS = {"hbm_bytes_per_s": HBM_BYTES_PER_S, "bf16_flops_per_s": PEAK_FLOPS[torch.bfloat16],
-               "fp32_flops_per_s": PEAK_FLOPS[torch.float32],
-               "source": "docs/neuron.md 1.1 (trn2 chip: 2.9 TB/s, 667 BF16 / 181 FP32 TFLOPS, 8 cores), "
-                         "one LNC=2 logical core = 1/4 chip"}
-# The seed's measured kernel times on trn2 (kernel name, M, K, N) -> ms
-SEED_MS = {("blockquant_fp8_gemm", 1, 1280, 36864): 1.17, ("blockquant_fp4_gemm", 64, 5120, 4608): 0.40}
-
-GEN = torch.Generator().manual_seed(0)
-
-
-def _fp8(n, k):
-    codes = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=GEN)
-    codes = torch.where((codes & 0x78) == 0x78, codes & 0xF7, codes)     # trn2 e4m3 (<= 240)
-    return codes, torch.randint(120, 128, (-(-n // 32), -(-k // 32)), dtype=torch.uint8, generator=GEN)
-
-
-def _fp4(n, k, lead=()):
-    return (torch.randint(0, 256, (*lead, n, k // 2), dtype=torch.uint8, generator=GEN),
-            torch.randint(120, 128, (*lead, n, -(-k // 32)), dtype=torch.uint8, generator=GEN))
-
-
-def _x(m, k):
-    return torch.randn(m, k, generator=GEN).to(torch.bfloat16)
-
-
-def cases(cfg, rows, scale):
-    """(label, kernel name, M, K, N, per-call multiplier, thunk) at decode shapes."""
-    d = cfg.hidden_size // scale
-    q_rank, heads_dim = cfg.q_lora_rank // scale, cfg.num_heads * cfg.head_dim // scale
-    groups, o_rank, inter = cfg.o_groups, cfg.o_lora_rank // scale, cfg.moe_inter_size // scale
-    out = []
-    for m in rows:
-        w = _fp8(heads_dim, q_rank)
-        out.append(("wq_b", "blockquant_fp8_gemm", m, q_rank, heads_dim, 1,
-                    lambda m=m, w=w: ops.blockquant_fp8_gemm(_x(m, q_rank), *w, 32, 32)))
-        seed_n = 36864 // scale
-        w = _fp8(seed_n, q_rank)
-        out.append(("seed fp8 shape", "blockquant_fp8_gemm", m, q_rank, seed_n, 1,
-                    lambda m=m, w=w: ops.blockquant_fp8_gemm(_x(m, q_rank), *w, 32, 32)))
-        k_g = heads_dim // groups
-        w = _fp8(groups * o_rank, k_g)
-        out.append(("wo_a (grouped)", "blockquant_fp8_grouped_gemm", m, k_g, groups * o_rank, 1,
-                    lambda m=m, w=w: ops.blockquant_fp8_grouped_gemm(
-                        torch.randn(m, groups, k_g, generator=GEN).bfloat16(), *w, 32, 32)))
-        w = _fp8(d, groups * o_rank)
-        out.append(("wo_b", "blockquant_fp8_gemm", m, groups * o_rank, d, 1,
-                    lambda m=m, w=w: ops.blockquant_fp8_gemm(_x(m, groups * o_rank), *w, 32, 32)))
-        w = _fp8(2 * inter, d)
-        out.append(("shared expert w13", "blockquant_fp8_gemm", m, d, 2 * inter, 1,
-                    lambda m=m, w=w: ops.blockquant_fp8_gemm(_x(m, d), *w, 32, 32)))
-        w = _fp4(2 * inter, d)
-        out.append(("routed expert w13", "blockquant_fp4_gemm", m, d, 2 * inter, 1,
-                    lambda m=m, w=w: ops.blockquant_fp4_gemm(_x(m, d), *w, 32)))
-        w13, w2 = _fp4(2 * inter, d, (1,)), _fp4(d, inter, (1,))
-        idx = torch.zeros(m, 1, dtype=torch.long)
-        # the fixed-shape form runs every expert on every row: one expert measured, times E
-        out.append((f"static experts (1 of {cfg.n_routed_experts}) x E", "fp4_static_experts", m, d, 2 * inter,
-                    cfg.n_routed_experts,
-                    lambda m=m, w13=w13, w2=w2, idx=idx: ops.fp4_static_experts(
-                        _x(m, d) * 0.05, idx, torch.ones(m, 1), w13[0], w13[1], w2[0], w2[1], 32, cfg.swiglu_limit)))
-    return out
-
-
-def run(cfg, rows, scale):
-    report = []
-    for label, name, m, k, n, mult, thunk in cases(cfg, rows, scale):
-        thunk()
-        s = ops.last_stats().as_dict()
-        bytes_moved = s["dma_bytes_in"] + s["dma_bytes_out"]
-        t_dma = bytes_moved / HBM_BYTES_PER_S
-        t_pe = s["matmul_flops"] / PEAK_FLOPS[torch.bfloat16]
-        report.append({
-            "label": label, "kernel": name, "M": m, "K": k, "N": n, "multiplier": mult,
-            "instructions": {e: v * mult for e, v in s["instructions"].items()},
-            "dma_bytes": bytes_moved * mult, "matmul_flops": s["matmul_flops"] * mult,
-            "launches": getattr(ops.last_stats(), "launches", 1) * mult,
-            "peak_sbuf_bytes": s["peak_sbuf_bytes"], "peak_psum_banks": s["peak_psum_banks"],
-            "roofline_estimate_ms": max(t_dma, t_pe) * mult * 1e3,
-            "roofline_bound": "HBM" if t_dma >= t_pe else "TensorE",
-            "seed_measured_ms": SEED_MS.get((name, m, k, n)) if scale == 1 else None,
-        })
-    return report
-
-
-def print_table(report):
-    head = (f"{'case':34} {'kernel':28} {'M':>3} {'K':>6} {'N':>6} {'tensor':>8} {'vector':>9} {'scalar':>7} "
-            f"{'gpsimd':>7} {'dma':>7} {'MB moved':>9} {'roofline ms':>11} {'bound':>7} {'seed ms':>8}")
-    print(head)
-    for r in report:
-        i = r["instructions"]
-        seed = f"{r['seed_measured_ms']:.2f}" if r["seed_measured_ms"] is not None else "-"
-        print(f"{r['label']:34} {r['kernel']:28} {r['M']:>3} {r['K']:>6} {r['N']:>6} {i['tensor']:>8} "
-              f"{i['vector']:>9} {i['scalar']:>7} {i['gpsimd']:>7} {i['dma']:>7} {r['dma_bytes'] / 1e6:>9.2f} "
-              f"{r['roofline_estimate_ms']:>11.4f} {r['roofline_bound']:>7} {seed:>8}")
-    print("roofline estimate = max(HBM bytes / 0.725 TB/s, TensorE FLOPs / 166.75 BF16 TFLOPS), one LNC=2 "
-          "logical core (docs/neuron.md 1.1); Vector Engine dequantization not modelled; seed ms = measured on trn2.")
+from deepinfer.tools.kernel_report import ASSUMPTIONS, format_table, run  # noqa: E402
 
 
 def main():
@@ -138,7 +31,7 @@ def main():
         ModelConfig.from_dict(json.load(open(args.config)))
     rows = [int(r) for r in args.rows.split(",")]
     report = run(cfg, rows, args.scale)
-    print_table(report)
+    print(format_table(report))
     with open(args.json, "w") as f:
         json.dump({"assumptions": ASSUMPTIONS, "scale": args.scale, "kernels": report}, f, indent=1)
     print(f"wrote {args.json}")

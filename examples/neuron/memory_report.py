@@ -6,9 +6,9 @@ formats, by component; builds on the meta device, so nothing is allocated.
 
 --post-load also counts what `model.post_load()` adds once weights are loaded (the stacked expert
 copies). --dense-checkpoint counts a config without quantization_config as stored unquantized
-(default: DeepSeek's fp8/fp4 release format). See deepinfer/model_executor/memory_report.py.
+(default: DeepSeek's fp8/fp4 release format). See deepinfer/tools/memory_report.py.
 
-With --cp / --ep it is the full-scale dry run instead (deepinfer/model_executor/dry_run.py): every
+With --cp / --ep it is the full-scale dry run instead (deepinfer/tools/dry_run.py): every
 rank's shard built on meta under a fake process group, its weight / KV / Engram bytes, and with
 --step one decode step and one prompt chunk per distinct shard, their collectives and a labelled
 floor estimate on trn2:
@@ -30,8 +30,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from deepinfer.config import ModelConfig  # noqa: E402
-from deepinfer.model_executor.memory_report import format_report, memory_report  # noqa: E402
-from deepinfer.model_executor.dry_run import dry_run, format_dry_run  # noqa: E402
+from deepinfer.tools.memory_report import format_report, memory_report  # noqa: E402
+from deepinfer.tools.dry_run import dry_run, format_dry_run  # noqa: E402
 
 
 def load_config(path: str) -> ModelConfig:

@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_leaves
 from deepinfer.distributed import comm
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.parallel_layout import ParallelLayout
-from deepinfer.model_executor import memory_report as mr
+from deepinfer.tools import memory_report as mr
 
 # trn2 figures the estimate uses (docs/neuron.md §1.1, §1.3, §6.2); none measured here.
 TRN2_HBM_BYTES_PER_S_PER_RANK = 0.7e12     # §1.1: 2.9 TB/s per chip / 4 logical cores at LNC = 2
