@@ -9,7 +9,8 @@ one logical core at LNC = 2 (the grid-2 launch), from docs/neuron.md section 1.1
 cores) 2.9 / 4 = 0.725 TB/s, 667 / 4 = 166.75 BF16 TFLOPS, 181 / 4 = 45.25 FP32 TFLOPS. It leaves
 out the Vector Engine, which dequantizes every weight element and which the seed's figures suggest
 is what bounds these kernels (compare the two columns); the vector instruction count is printed so
-the gap can be read against it.
+the gap can be read against it. `cost_report` adds the interpreter's cost model (every engine,
+interpreter/cost.py; docs/neuron.md section 3.7) at the seed's two measured shapes.
 """
 from __future__ import annotations
 
