@@ -84,7 +84,8 @@ def blockquant_fp8_gemm_kernel(x, w_kn, s_kn, mask_in, sel_in, block_rows):
     mask = nl.load(mask_in)
     sel = nl.load(sel_in)
     x_t = _x_transposed(x, kp)
-    chunk = max(g, XS_BYTES // (len(x_t) * m * x.dtype.itemsize) // g * g)   # blocks per scaled-x chunk
+    itemsize = 4 if x.dtype == nl.float32 else 2
+    chunk = max(g, XS_BYTES // (len(x_t) * m * itemsize) // g * g)   # blocks per scaled-x chunk
     b_lo, b_hi = n_lo // block_rows, -(-n_hi // block_rows)
     for c0 in nl.static_range(b_lo, b_hi, chunk):
         cb = min(chunk, b_hi - c0)
