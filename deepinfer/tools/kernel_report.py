@@ -98,6 +98,7 @@ def run(cfg, rows, scale):
             "launches": getattr(ops.last_stats(), "launches", 1) * mult,
             "peak_sbuf_bytes": s["peak_sbuf_bytes"], "peak_psum_banks": s["peak_psum_banks"],
             "roofline_estimate_ms": max(t_dma, t_pe) * mult * 1e3,
+            "predicted_ms": s["predicted_s"] * mult * 1e3,   # cost model, ESTIMATE (interpreter/cost.py)
             "roofline_bound": "HBM" if t_dma >= t_pe else "TensorE",
             "seed_measured_ms": SEED_MS.get((name, m, k, n)) if scale == 1 else None,
         })
@@ -107,7 +108,7 @@ def run(cfg, rows, scale):
 def format_table(report) -> str:
     """The report as the table the command line prints."""
     head = (f"{'case':34} {'kernel':28} {'M':>3} {'K':>6} {'N':>6} {'tensor':>8} {'vector':>9} {'scalar':>7} "
-            f"{'gpsimd':>7} {'dma':>7} {'MB moved':>9} {'roofline ms':>11} {'bound':>7} {'seed ms':>8}")
+            f"{'gpsimd':>7} {'dma':>7} {'MB moved':>9} {'roofline ms':>11} {'bound':>7} {'model ms':>9} {'seed ms':>8}")
     lines = [head]
     for r in report:
         i = r["instructions"]
@@ -115,10 +116,10 @@ def format_table(report) -> str:
         lines.append(f"{r['label']:34} {r['kernel']:28} {r['M']:>3} {r['K']:>6} {r['N']:>6} {i['tensor']:>8} "
                      f"{i['vector']:>9} {i['scalar']:>7} {i['gpsimd']:>7} {i['dma']:>7} "
                      f"{r['dma_bytes'] / 1e6:>9.2f} {r['roofline_estimate_ms']:>11.4f} {r['roofline_bound']:>7} "
-                     f"{seed:>8}")
+                     f"{r['predicted_ms']:>9.4f} {seed:>8}")
     lines.append("roofline estimate = max(HBM bytes / 0.725 TB/s, TensorE FLOPs / 166.75 BF16 TFLOPS), one LNC=2 "
-                 "logical core (docs/neuron.md 1.1); Vector Engine dequantization not modelled; seed ms = measured "
-                 "on trn2.")
+                 "logical core (docs/neuron.md 1.1); Vector Engine dequantization not in it; model ms = the cost "
+                 "model's ESTIMATE over every engine (docs/neuron.md 3.7); seed ms = measured on trn2.")
     return "\n".join(lines)
 
 
