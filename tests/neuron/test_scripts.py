@@ -53,7 +53,8 @@ def test_kernel_report_runs_at_small_shapes(tmp_path):
     costs = [k for k in rep["kernels"] if "name" in k]
     assert [c["name"] for c in costs] == ["blockquant_fp8_gemm", "blockquant_fp4_gemm"]
     for c in costs:
-        assert {"name", "shape", "predicted_ms", "roofline_ms", "seed_measured_ms", "seed_design_predicted_ms"} <= set(c)
+        assert {"name", "shape", "predicted_ms", "roofline_ms", "seed_measured_ms",
+                "seed_design_predicted_ms"} <= set(c)
         assert c["predicted_ms"] > 0 and c["roofline_ms"] > 0 and c["seed_design_predicted_ms"] >= c["predicted_ms"]
     for k in rep["kernels"]:
         if "name" in k:

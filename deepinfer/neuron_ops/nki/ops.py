@@ -108,7 +108,8 @@ def wrapper(name: str):
 
 def last_stats():
     """The interpreter's counts (instructions per engine, DMA bytes, FLOPs, the cost model's predicted
-    seconds; peaks as maxima) summed over the launches of the latest wrapper call; None before any (or off the interpreter)."""
+    seconds; peaks as maxima) summed over the launches of the latest wrapper call; None before any
+    (or off the interpreter)."""
     if not api.INTERPRETED or not _last_call_stats:
         return None
     total = api.nki.Stats()
