@@ -9,7 +9,8 @@ one logical core at LNC = 2 (the grid-2 launch), from docs/neuron.md section 1.1
 cores) 2.9 / 4 = 0.725 TB/s, 667 / 4 = 166.75 BF16 TFLOPS, 181 / 4 = 45.25 FP32 TFLOPS. It leaves
 out the Vector Engine, which dequantizes every weight element and which the seed's figures suggest
 is what bounds these kernels (compare the two columns); the vector instruction count is printed so
-the gap can be read against it.
+the gap can be read against it. `cost_report` adds the interpreter's cost model (every engine,
+interpreter/cost.py; docs/neuron.md section 3.7) at the seed's two measured shapes.
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def run(cfg, rows, scale):
             "launches": getattr(ops.last_stats(), "launches", 1) * mult,
             "peak_sbuf_bytes": s["peak_sbuf_bytes"], "peak_psum_banks": s["peak_psum_banks"],
             "roofline_estimate_ms": max(t_dma, t_pe) * mult * 1e3,
+            "predicted_ms": s["predicted_s"] * mult * 1e3,   # cost model, ESTIMATE (interpreter/cost.py)
             "roofline_bound": "HBM" if t_dma >= t_pe else "TensorE",
             "seed_measured_ms": SEED_MS.get((name, m, k, n)) if scale == 1 else None,
         })
@@ -106,7 +108,7 @@ def run(cfg, rows, scale):
 def format_table(report) -> str:
     """The report as the table the command line prints."""
     head = (f"{'case':34} {'kernel':28} {'M':>3} {'K':>6} {'N':>6} {'tensor':>8} {'vector':>9} {'scalar':>7} "
-            f"{'gpsimd':>7} {'dma':>7} {'MB moved':>9} {'roofline ms':>11} {'bound':>7} {'seed ms':>8}")
+            f"{'gpsimd':>7} {'dma':>7} {'MB moved':>9} {'roofline ms':>11} {'bound':>7} {'model ms':>9} {'seed ms':>8}")
     lines = [head]
     for r in report:
         i = r["instructions"]
@@ -114,8 +116,80 @@ def format_table(report) -> str:
         lines.append(f"{r['label']:34} {r['kernel']:28} {r['M']:>3} {r['K']:>6} {r['N']:>6} {i['tensor']:>8} "
                      f"{i['vector']:>9} {i['scalar']:>7} {i['gpsimd']:>7} {i['dma']:>7} "
                      f"{r['dma_bytes'] / 1e6:>9.2f} {r['roofline_estimate_ms']:>11.4f} {r['roofline_bound']:>7} "
-                     f"{seed:>8}")
+                     f"{r['predicted_ms']:>9.4f} {seed:>8}")
     lines.append("roofline estimate = max(HBM bytes / 0.725 TB/s, TensorE FLOPs / 166.75 BF16 TFLOPS), one LNC=2 "
-                 "logical core (docs/neuron.md 1.1); Vector Engine dequantization not modelled; seed ms = measured "
-                 "on trn2.")
+                 "logical core (docs/neuron.md 1.1); Vector Engine dequantization not in it; model ms = the cost "
+                 "model's ESTIMATE over every engine (docs/neuron.md 3.7); seed ms = measured on trn2.")
     return "\n".join(lines)
+
+
+# --- cost model predictions (ESTIMATE; interpreter/cost.py, docs/neuron.md section 1.1) -------------
+def _engine_seconds(thunk) -> dict:
+    thunk()
+    s = ops.last_stats()
+    return dict(s.engine_s)
+
+
+def predicted_seconds(make_thunk, n: int, step: int) -> dict:
+    """The cost model's time of a GEMM of width n, found without running it at full width: the
+    kernels' N loop runs identical tiles of `step` columns (both programs' shares together), so each
+    engine's busy time is linear in the tile count; it is measured at the smallest width with the
+    same last partial tile and at one tile more, and extended to n. Returns per-engine seconds and
+    "total" (their max, cost.py's overlap rule)."""
+    n_a = n % step + step if n > step else n
+    e_a = _engine_seconds(make_thunk(n_a))
+    if n_a == n:
+        return {**e_a, "total": max(e_a.values())}
+    e_b = _engine_seconds(make_thunk(n_a + step))
+    tiles = (n - n_a) // step
+    full = {e: e_a[e] + tiles * (e_b[e] - e_a[e]) for e in e_a}
+    return {**full, "total": max(full.values())}
+
+
+def roofline_seconds(m: int, k: int, n: int, weight_bytes: float) -> float:
+    """max(HBM bytes / bandwidth, TensorE FLOPs / BF16 peak) of one LNC = 2 logical core."""
+    x_bytes, out_bytes = m * k * 2, m * n * 2
+    return max((weight_bytes + x_bytes + out_bytes) / HBM_BYTES_PER_S, 2 * m * k * n / PEAK_FLOPS[torch.bfloat16])
+
+
+def _fp8_thunk(m, k, design):
+    def make(n):
+        w = _fp8(n, k)
+        x = _x(m, k)
+        return lambda: ops.blockquant_fp8_gemm(x, *w, 32, 32, design=design)
+    return make
+
+
+def _fp4_thunk(m, k):
+    def make(n):
+        w = _fp4(n, k)
+        x = _x(m, k)
+        return lambda: ops.blockquant_fp4_gemm(x, *w, 32)
+    return make
+
+
+# (name, M, K, N): the seed's two measured kernels
+SEED_SHAPES = (("blockquant_fp8_gemm", 1, 1280, 36864), ("blockquant_fp4_gemm", 64, 5120, 4608))
+N_STEP = 2 * 512     # both programs' N tiles of 512 columns
+
+
+def cost_report(scale: int = 1) -> list:
+    """The kernel-cost rows of kernel_report --json: predicted, roofline, the seed's measurement and
+    the seed design's prediction, at the seed's shapes (K and N divided by `scale`; the measurement
+    only at scale 1)."""
+    rows = []
+    for name, m, k_full, n_full in SEED_SHAPES:
+        k, n = k_full // scale, n_full // scale
+        if name == "blockquant_fp8_gemm":
+            weight_bytes = n * k + n * k / 32          # codes + K-major row-expanded exponents
+            now = predicted_seconds(_fp8_thunk(m, k, "auto"), n, N_STEP)
+            seed = predicted_seconds(_fp8_thunk(m, k, "seed"), n, N_STEP)
+        else:
+            weight_bytes = n * k / 2 + n * k / 32       # nibbles + one exponent per 32
+            now = seed = predicted_seconds(_fp4_thunk(m, k), n, N_STEP)
+        rows.append({"name": name, "shape": [m, k, n], "predicted_ms": now["total"] * 1e3,
+                     "predicted_engine_ms": {e: v * 1e3 for e, v in now.items() if e != "total"},
+                     "roofline_ms": roofline_seconds(m, k, n, weight_bytes) * 1e3,
+                     "seed_measured_ms": SEED_MS[(name, m, k, n)] if scale == 1 else None,
+                     "seed_design_predicted_ms": seed["total"] * 1e3, "estimate": True})
+    return rows

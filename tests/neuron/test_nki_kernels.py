@@ -106,7 +106,7 @@ def test_blockquant_fp8_gemm_padded_rows_and_grid_sizes():
 def test_blockquant_fp8_gemm_counts():
     m, n, k = 4, 1030, 384
     codes, scale = _fp8_weight(n, k)
-    ops.blockquant_fp8_gemm(torch.randn(m, k, generator=GEN).bfloat16(), codes, scale, 32, 32)
+    ops.blockquant_fp8_gemm(torch.randn(m, k, generator=GEN).bfloat16(), codes, scale, 32, 32, design="seed")
     s = ops.last_stats().as_dict()
     k_tiles = k // K_TILE
     # per program: N split 2 ways on 32-column blocks (544 + 486) -> 2 + 1 tiles of <= 512 columns
@@ -119,6 +119,33 @@ def test_blockquant_fp8_gemm_counts():
     blocks = sum(-(-nt // 32) for nt in (512, 32, 486)) * k_tiles
     assert s["instructions"]["vector"] >= blocks   # one dequant multiply per 32-column block per K tile
     assert s["peak_psum_banks"] <= 8 and 0 < s["peak_sbuf_bytes"] <= 192 * 1024
+
+
+def test_blockquant_fp8_gemm_tensor_design_counts():
+    """fp8 codes go to the matmul: one matmul per K tile and 16-block group, no weight-sized vector work."""
+    m, n, k = 4, 1030, 384
+    codes, scale = _fp8_weight(n, k)
+    ops.blockquant_fp8_gemm(torch.randn(m, k, generator=GEN).bfloat16(), codes, scale, 32, 32)
+    s = ops.last_stats().as_dict()
+    k_tiles = k // K_TILE
+    groups = [2, 1]        # program 0: 17 blocks (16 + 1), program 1: 16 blocks
+    assert s["instructions"]["tensor"] == 2 * k_tiles + sum(g * (k_tiles + 1) for g in groups)
+    # per program: x^T copies, per K tile one exponent shift and M scaled-x multiplies, per group a
+    # mask multiply and the output copy
+    assert s["instructions"]["vector"] == sum(k_tiles + k_tiles * (1 + m) + 2 * g for g in groups)
+    assert s["matmul_flops"] >= 2 * m * n * k
+    assert s["dma_bytes_out"] == m * n * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 17, 64, 127, 128, 129, 130])
+def test_blockquant_fp8_gemm_row_sweep_both_designs(m, dtype):
+    codes, scale = _fp8_weight(200, 160)
+    x = torch.randn(m, 160, generator=GEN).to(dtype)
+    want = kernel_routing.reference("blockquant_fp8_gemm")(x, codes, scale, 32, 32)
+    for design in ("tensor", "seed", "auto"):
+        got = ops.blockquant_fp8_gemm(x, codes, scale, 32, 32, design=design)
+        assert got.dtype == dtype and _gemm_close(got, want, x, codes, scale), design
 
 
 def test_blockquant_fp8_gemm_rejects_what_trn2_cannot_read():
@@ -170,6 +197,17 @@ def test_blockquant_fp4_gemm_equals_reference(m, n, k, dtype):
         assert torch.equal(got[m // 2:], torch.zeros_like(got[m // 2:]))
     s = ops.last_stats().as_dict()
     assert s["peak_psum_banks"] <= 8 and s["instructions"]["tensor"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 31, 64, 127, 128, 129, 130])
+def test_blockquant_fp4_gemm_row_sweep(m, dtype):
+    from deepinfer.model_executor.layers.quant import dequant_fp4
+    packed, scale = _fp4_weight(96, 256)
+    x = torch.randn(m, 256, generator=GEN).to(dtype)
+    got = ops.blockquant_fp4_gemm(x, packed, scale, 32)
+    want = kernel_routing.reference("blockquant_fp4_gemm")(x, packed, scale, 32)
+    assert got.dtype == dtype and _close(got, want, x.float().abs() @ dequant_fp4(packed, scale, 32).abs().t(), 256)
 
 
 def test_blockquant_fp4_gemm_grid_splits_n_and_every_code_decodes():

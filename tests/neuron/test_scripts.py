@@ -48,9 +48,18 @@ def test_kernel_report_runs_at_small_shapes(tmp_path):
                         "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())
-    names = {k["kernel"] for k in rep["kernels"]}
+    names = {k["kernel"] for k in rep["kernels"] if "kernel" in k}
     assert {"blockquant_fp8_gemm", "blockquant_fp8_grouped_gemm", "blockquant_fp4_gemm", "fp4_static_experts"} <= names
+    costs = [k for k in rep["kernels"] if "name" in k]
+    assert [c["name"] for c in costs] == ["blockquant_fp8_gemm", "blockquant_fp4_gemm"]
+    for c in costs:
+        assert {"name", "shape", "predicted_ms", "roofline_ms", "seed_measured_ms",
+                "seed_design_predicted_ms"} <= set(c)
+        assert c["predicted_ms"] > 0 and c["roofline_ms"] > 0 and c["seed_design_predicted_ms"] >= c["predicted_ms"]
     for k in rep["kernels"]:
+        if "name" in k:
+            continue
         assert k["instructions"]["tensor"] > 0 and k["dma_bytes"] > 0 and k["roofline_estimate_ms"] > 0
+        assert k["predicted_ms"] > 0
     assert rep["assumptions"]["hbm_bytes_per_s"] == 2.9e12 / 4
     assert "roofline" in r.stdout

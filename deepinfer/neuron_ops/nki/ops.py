@@ -19,7 +19,9 @@ import torch
 from deepinfer.neuron_ops.nki import api, counts
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import K_ROWS as FP4_K_ROWS
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import blockquant_fp4_gemm_kernel
-from deepinfer.neuron_ops.nki.kernels.blockquant_fp8_gemm import K_TILE, N_TILE, blockquant_fp8_gemm_kernel
+from deepinfer.neuron_ops.nki.kernels.blockquant_fp8_gemm import (K_TILE, N_TILE, ROWS_TENSOR_DESIGN,
+                                                                 blockquant_fp8_gemm_kernel,
+                                                                 blockquant_fp8_gemm_seed_kernel, group_blocks)
 from deepinfer.neuron_ops.nki.kernels.rms_norm import rms_norm_kernel
 from deepinfer.neuron_ops.nki.kernels.swiglu import swiglu_kernel
 
@@ -105,8 +107,9 @@ def wrapper(name: str):
 
 
 def last_stats():
-    """The interpreter's counts (instructions per engine, DMA bytes, FLOPs; peaks as maxima) summed
-    over the launches of the latest wrapper call; None before any (or off the interpreter)."""
+    """The interpreter's counts (instructions per engine, DMA bytes, FLOPs, the cost model's predicted
+    seconds; peaks as maxima) summed over the launches of the latest wrapper call; None before any
+    (or off the interpreter)."""
     if not api.INTERPRETED or not _last_call_stats:
         return None
     total = api.nki.Stats()
@@ -117,6 +120,9 @@ def last_stats():
         total.matmul_flops += s.matmul_flops
         total.peak_sbuf_bytes = max(total.peak_sbuf_bytes, s.peak_sbuf_bytes)
         total.peak_psum_banks = max(total.peak_psum_banks, s.peak_psum_banks)
+        total.predicted_s += s.predicted_s   # launches of one call run one after another
+        for e, v in s.engine_s.items():
+            total.engine_s[e] = total.engine_s.get(e, 0.0) + v
     total.launches = len(_last_call_stats)
     return total
 
@@ -147,9 +153,14 @@ _ROWS_MAX = 128
 
 @wrapper("blockquant_fp8_gemm")
 def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
-                        block_cols: int, *, grid: int = 2) -> torch.Tensor:
+                        block_cols: int, *, grid: int = 2, design: str = "auto") -> torch.Tensor:
     """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp8_gemm); x: [M, K] with
-    M <= 128 (decode); the weight is re-laid K-major here, as the packed-weights load will store it."""
+    M <= 128 (decode); the weight is re-laid K-major here, as the packed-weights load will store it.
+    design: "tensor" (fp8 codes into the matmul, scales folded into x), "seed" (Vector Engine
+    dequantization, then the matmul) or "auto" (tensor up to ROWS_TENSOR_DESIGN rows; see the
+    kernel's docstring for why)."""
+    if design not in ("auto", "tensor", "seed"):
+        raise ValueError(f"blockquant_fp8_gemm: design {design!r} is not auto, tensor or seed")
     if w_codes.dtype != torch.uint8 or w_scale.dtype != torch.uint8:
         raise ValueError("blockquant_fp8_gemm: w_codes and w_scale must be uint8 bytes")
     if N_TILE % block_rows or K_TILE % block_cols:
@@ -158,8 +169,8 @@ def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.T
     if bool(((w_codes & _E4M3_EXP_MASK) == _E4M3_EXP_MASK).any()):
         raise ValueError("blockquant_fp8_gemm kernel: codes above 240 (e4m3fn only) do not exist in trn2 e4m3")
     if x.shape[0] > _ROWS_MAX:
-        return torch.cat([blockquant_fp8_gemm(x[r:r + _ROWS_MAX], w_codes, w_scale, block_rows, block_cols, grid=grid)
-                          for r in range(0, x.shape[0], _ROWS_MAX)])
+        return torch.cat([blockquant_fp8_gemm(x[r:r + _ROWS_MAX], w_codes, w_scale, block_rows, block_cols, grid=grid,
+                                              design=design) for r in range(0, x.shape[0], _ROWS_MAX)])
     m, k = x.shape
     n = w_codes.shape[0]
     kp = -(-k // K_TILE) * K_TILE
@@ -169,9 +180,20 @@ def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.T
     w_kn[:k] = w_codes.t()
     s_kn = torch.full((kp, w_scale.shape[0]), 127, dtype=torch.uint8)
     s_kn[:k] = w_scale.t().repeat_interleave(block_cols, dim=0)[:k]
-    out = _run(blockquant_fp8_gemm_kernel, _grid(grid), x_p, w_kn, s_kn,
-               int(block_rows))
-    return _torch(out)
+    if design == "seed" or (design == "auto" and m > ROWS_TENSOR_DESIGN):
+        return _torch(_run(blockquant_fp8_gemm_seed_kernel, _grid(grid), x_p, w_kn, s_kn, int(block_rows)))
+    mask, sel = _fp8_diagonal_masks(m, block_rows)
+    return _torch(_run(blockquant_fp8_gemm_kernel, _grid(grid), x_p, w_kn, s_kn, mask, sel, int(block_rows)))
+
+
+def _fp8_diagonal_masks(m: int, block_rows: int):
+    """The tensor design's 0/1 tiles: mask [g*M, g*block_rows] keeps row block j against column
+    block j; sel [g*M, M] sums the g row blocks of each activation row."""
+    g = group_blocks(m, block_rows)
+    row_block = torch.arange(g * m) // m
+    mask = (row_block[:, None] == torch.arange(g * block_rows)[None, :] // block_rows).to(torch.bfloat16)
+    sel = (torch.arange(g * m)[:, None] % m == torch.arange(m)[None, :]).to(torch.bfloat16)
+    return mask, sel
 
 
 @wrapper("blockquant_fp8_grouped_gemm")

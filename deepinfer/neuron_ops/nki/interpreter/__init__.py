@@ -6,5 +6,6 @@ It is what `deepinfer.neuron_ops.nki.api` hands kernels when the real NKI is not
 from deepinfer.neuron_ops.nki.interpreter import isa, language  # noqa: F401
 from deepinfer.neuron_ops.nki.interpreter.launch import Kernel, hbm, jit  # noqa: F401
 from deepinfer.neuron_ops.nki.interpreter.rules import RULES, NkiRuleError  # noqa: F401
+from deepinfer.neuron_ops.nki.interpreter import cost  # noqa: F401
 from deepinfer.neuron_ops.nki.interpreter.state import Stats, last_stats  # noqa: F401
 from deepinfer.neuron_ops.nki.interpreter.tensor import Tensor  # noqa: F401

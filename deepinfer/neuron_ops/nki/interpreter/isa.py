@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from deepinfer.neuron_ops.nki.interpreter import dtypes, ops, state
+from deepinfer.neuron_ops.nki.interpreter import cost, dtypes, ops, state
 from deepinfer.neuron_ops.nki.interpreter.rules import (MATMUL_CONTRACTION_MAX, MATMUL_MOVING_FREE_MAX,
                                                         MATMUL_STATIONARY_FREE_MAX, TRANSPOSE_TENSOR_ENGINE_MAX,
                                                         TRANSPOSE_VECTOR_ENGINE_MAX, require)
@@ -75,7 +75,8 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, data1, dtype=None, mask=No
     f0, f1 = _arith(op0), _arith(op1)
     v = _vector_operand("scalar_tensor_tensor operand0", data, operand0)
     y = f1.fn(f0.fn(values(data), np.float32(v) if np.isscalar(v) else v).astype(np.float32), values(data1))
-    state.current().count("vector")
+    state.current().count("vector", cycles=cost.elementwise_cycles(
+        cost.free_size(data.shape), inputs=2, psum_input="psum" in (data.buffer, data1.buffer)))
     return _out(data, np.asarray(y, dtype=np.float32), dtype or dtypes.promote(data.dtype, data1.dtype))
 
 
@@ -95,7 +96,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     require(m <= MATMUL_STATIONARY_FREE_MAX, "matmul-stationary-free", f"stationary {stationary.shape}")
     require(n <= MATMUL_MOVING_FREE_MAX, "matmul-moving-free", f"moving {moving.shape}")
     launch = state.current()
-    launch.count("tensor")
+    launch.count("tensor", cycles=cost.matmul_cycles(stationary, moving))
     launch.stats.matmul_flops += 2 * k * m * n
     out = _out(stationary, values(stationary).T @ values(moving), dtypes.float32, "psum")
     out.from_matmul = True
@@ -111,7 +112,8 @@ def nc_transpose(data, *, engine=engine.unknown, mask=None, **kwargs):
     e = _engine(engine, "vector" if small else "tensor", ("tensor", "vector"))
     limit = TRANSPOSE_TENSOR_ENGINE_MAX if e == "tensor" else TRANSPOSE_VECTOR_ENGINE_MAX
     require(p <= limit and f <= limit, "transpose-size", f"{e} engine transpose of {data.shape}")
-    state.current().count(e)
+    state.current().count(e, cycles=cost.tensor_transpose_cycles(data.shape) if e == "tensor"
+                          else cost.elementwise_cycles(f))
     return _out(data, values(data).T, data.dtype, "psum" if e == "tensor" else "sbuf")
 
 
@@ -126,7 +128,8 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     if bias is not None:
         x = x + _vector_operand("activation bias", data, bias)
     y = fn.fn(x.astype(np.float32))
-    state.current().count("scalar")
+    state.current().count("scalar", cycles=cost.elementwise_cycles(cost.free_size(data.shape))
+                          + (cost.MIN_II if reduce_res is not None else 0))
     if reduce_res is not None:
         name, red = _reduce_fn(reduce_op if reduce_op is not None else ops.ALL["add"])
         require(name == "add", "shape", "activation's reduction registers only add")
@@ -150,7 +153,7 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     r = red(values(data), axis=axes, keepdims=keepdims)
     if negate:
         r = -r
-    state.current().count("vector")
+    state.current().count("vector", cycles=cost.elementwise_cycles(cost.free_size(data.shape)))
     return _out(data, np.asarray(r), dtype)
 
 
@@ -162,7 +165,11 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
         require(not data1.dtype.is_float and not data2.dtype.is_float, "bitvec-int",
                 f"tensor_tensor {fn.name} on {data1.dtype.name}, {data2.dtype.name}")
     e = _engine(engine, "vector", ("vector", "gpsimd"))
-    state.current().count(e)
+    n = cost.free_size(data1.shape)
+    psum_in = "psum" in (data1.buffer, data2.buffer)
+    all_half = all(d in (dtypes.bfloat16, dtypes.float16) for d in (data1.dtype, data2.dtype, dtype or data1.dtype))
+    state.current().count(e, cycles=cost.gpsimd_cycles(n) if e == "gpsimd" else cost.elementwise_cycles(
+        n, inputs=1 if all_half and fn.name in ("add", "multiply", "subtract") else 2, psum_input=psum_in))
     return _out(data1, fn.fn(values(data1), values(data2)), dtype or dtypes.promote(data1.dtype, data2.dtype))
 
 
@@ -184,20 +191,25 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     for f, (_, operand, rev) in zip(fns, steps):
         v = _vector_operand("tensor_scalar operand", data, operand)
         x = f.fn(v, x) if rev else f.fn(x, v)
-    state.current().count(e)
+    n = cost.free_size(data.shape)
+    state.current().count(e, cycles=cost.gpsimd_cycles(n) if e == "gpsimd" else cost.elementwise_cycles(
+        n, speedup=cost.perf_mode_speedup(data, dtype or data.dtype) if e == "vector" else 1))
     return _out(data, x, dtype)
 
 
 def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
     check_on_chip("tensor_copy", src)
     e = _engine(engine, "vector", ("vector", "scalar", "gpsimd"))
-    state.current().count(e)
+    n = cost.free_size(src.shape)
+    state.current().count(e, cycles=cost.gpsimd_cycles(n) if e == "gpsimd" else cost.elementwise_cycles(
+        n, speedup=cost.perf_mode_speedup(src, dtype or src.dtype) if e == "vector" else 1))
     return _out(src, values(src), dtype)
 
 
 def memset(shape, value, dtype, *, mask=None, engine=engine.unknown, **kwargs):
     e = _engine(engine, "gpsimd", ("vector", "gpsimd"))
-    state.current().count(e)
+    n = cost.free_size(shape)
+    state.current().count(e, cycles=cost.gpsimd_cycles(n) if e == "gpsimd" else cost.elementwise_cycles(n))
     out = Tensor.allocate(shape, dtype, "sbuf", "memset")
     out.data[...] = dtypes.round_to(np.full(out.shape, value), dtype)
     return out

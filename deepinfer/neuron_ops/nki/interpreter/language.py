@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from deepinfer.neuron_ops.nki.interpreter import dtypes, ops, state
+from deepinfer.neuron_ops.nki.interpreter import cost, dtypes, ops, state
 from deepinfer.neuron_ops.nki.interpreter.dtypes import (bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2,  # noqa: F401
                                                          float16, float32, int8, int16, int32, tfloat32, uint8,
                                                          uint16, uint32)
@@ -50,7 +50,7 @@ class _Reduction:
     def __call__(self, x, axis, *, dtype=None, keepdims=False, mask=None):
         check_on_chip(f"nl.{self.name}", x)
         axes = _free_axes(x, axis)
-        state.current().count("vector")
+        state.current().count("vector", cycles=cost.elementwise_cycles(cost.free_size(x.shape)))
         r = self.fn(values(x), axis=axes, keepdims=keepdims)
         return x.like(np.asarray(r), dtype or x.dtype)
 
@@ -81,7 +81,10 @@ def elementwise(op, args, dtype):
         require(t.shape[0] == shape[0], "shape", f"nl.{op.name}: partition sizes {[t.shape for t in tiles]}")
     if op.kind == "bitvec":
         require(all(not t.dtype.is_float for t in tiles), "bitvec-int", f"nl.{op.name} on {[t.dtype for t in tiles]}")
-    state.current().count("scalar" if op.kind == "act" else "vector")
+    n = cost.free_size(shape)
+    state.current().count("scalar" if op.kind == "act" else "vector",
+                          cycles=cost.elementwise_cycles(n, inputs=len(tiles), psum_input=any(
+                              t.buffer == "psum" for t in tiles)))
     out = op.fn(*[values(a) for a in args])
     return tiles[0].like(np.broadcast_to(out, shape), dtype or dtypes.promote(*[t.dtype for t in tiles]))
 
@@ -98,7 +101,7 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
     require(condition.shape == x.shape, "shape", f"nl.where condition {condition.shape} vs x {x.shape}")
     if isinstance(y, Tensor):
         require(y.shape == x.shape, "shape", f"nl.where x {x.shape} vs y {y.shape}")
-    state.current().count("vector")
+    state.current().count("vector", cycles=cost.elementwise_cycles(cost.free_size(x.shape), inputs=2))
     out_dtype = dtype or (dtypes.promote(x.dtype, y.dtype) if isinstance(y, Tensor) else x.dtype)
     return x.like(np.where(values(condition) != 0, values(x), values(y)), out_dtype)
 
@@ -106,7 +109,8 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
 def copy(x, dtype=None):
     """A tile copy (Vector Engine), e.g. PSUM -> SBUF, with an optional dtype conversion."""
     check_on_chip("nl.copy", x)
-    state.current().count("vector")
+    state.current().count("vector", cycles=cost.elementwise_cycles(
+        cost.free_size(x.shape), speedup=cost.perf_mode_speedup(x, dtype or x.dtype)))
     return x.like(values(x), dtype or x.dtype)
 
 
@@ -114,7 +118,7 @@ def broadcast_to(src, *, shape):
     check_on_chip("nl.broadcast_to", src)
     shape = tuple(shape)
     require(shape[0] <= PARTITIONS, "partition-dim", f"broadcast_to {shape}")
-    state.current().count("vector")
+    state.current().count("vector", cycles=cost.elementwise_cycles(cost.free_size(shape)))
     return src.like(np.broadcast_to(values(src), shape), src.dtype)
 
 
@@ -129,7 +133,7 @@ def zeros(shape, dtype, *, buffer=sbuf, name=""):
     """A zero-filled tile (a memset, issued on the GpSimd engine)."""
     t = ndarray(shape, dtype, buffer=buffer, name=name or "zeros")
     if t.on_chip:
-        state.current().count("gpsimd")
+        state.current().count("gpsimd", cycles=cost.gpsimd_cycles(cost.free_size(t.shape)))
     return t
 
 
@@ -158,7 +162,7 @@ def load(src, *, mask=None, dtype=None):
     out.data[...] = dtypes.round_to(values(src), out.dtype)
     out.fresh_load = True
     launch = state.current()
-    launch.count("dma")
+    launch.count_dma(src.data.size * src.dtype.itemsize)
     launch.stats.dma_bytes_in += src.data.size * src.dtype.itemsize
     return out
 
@@ -173,7 +177,7 @@ def store(dst, value, *, mask=None):
     require(value.shape == dst.shape, "shape", f"nl.store of {value.shape} into {dst.shape}")
     dst.data[...] = dtypes.round_to(values(value), dst.dtype)
     launch = state.current()
-    launch.count("dma")
+    launch.count_dma(dst.data.size * dst.dtype.itemsize)
     launch.stats.dma_bytes_out += dst.data.size * dst.dtype.itemsize
 
 

@@ -1,11 +1,13 @@
 """What one kernel launch tracks: the current program ids, the on-chip memory live per partition,
-and the instruction / byte counts a kernel report reads."""
+the instruction / byte counts a kernel report reads, and each program's engine busy time under the
+cost model (cost.py)."""
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from deepinfer.neuron_ops.nki.interpreter import cost
 from deepinfer.neuron_ops.nki.interpreter.rules import (PSUM_BANK_BYTES, PSUM_BANKS, SBUF_BYTES_PER_PARTITION,
                                                         require)
 
@@ -21,12 +23,15 @@ class Stats:
     matmul_flops: int = 0        # 2 * K * M * N summed over nc_matmul
     peak_sbuf_bytes: int = 0     # per partition
     peak_psum_banks: int = 0
+    predicted_s: float = 0.0     # cost model: the slowest program's time (cost.program_seconds)
+    engine_s: dict = field(default_factory=dict)   # that program's per-engine and DMA seconds
 
     def as_dict(self) -> dict:
         return {"instructions": {e: self.instructions.get(e, 0) for e in ENGINES},
                 "dma_bytes_in": self.dma_bytes_in, "dma_bytes_out": self.dma_bytes_out,
                 "matmul_flops": self.matmul_flops, "peak_sbuf_bytes": self.peak_sbuf_bytes,
-                "peak_psum_banks": self.peak_psum_banks}
+                "peak_psum_banks": self.peak_psum_banks, "predicted_s": self.predicted_s,
+                "engine_s": dict(self.engine_s)}
 
 
 class Launch:
@@ -40,9 +45,30 @@ class Launch:
         self.psum_live_banks = 0
         self.shared_hbm: list = []   # outputs, shared by every program instance in allocation order
         self.shared_next = 0
+        self.busy: dict = {}         # program -> {engine: seconds}
+        self.dma: dict = {}          # program -> [bytes, DMA instructions]
 
-    def count(self, engine: str, n: int = 1) -> None:
+    def count(self, engine: str, n: int = 1, cycles: float = 0.0) -> None:
+        """n instructions on `engine` costing `cycles` engine cycles in all (cost.py)."""
         self.stats.instructions[engine] += n
+        if cycles:
+            busy = self.busy.setdefault(self.program, {})
+            busy[engine] = busy.get(engine, 0.0) + cost.seconds(engine, cycles)
+
+    def count_dma(self, nbytes: int) -> None:
+        self.stats.instructions["dma"] += 1
+        d = self.dma.setdefault(self.program, [0, 0])
+        d[0] += nbytes
+        d[1] += 1
+
+    def finish(self) -> None:
+        """The launch's predicted time: its slowest program (programs run on their own cores)."""
+        programs = set(self.busy) | set(self.dma)
+        times = [cost.program_seconds(self.busy.get(p, {}), *self.dma.get(p, (0, 0))) for p in programs]
+        if times:
+            slowest = max(times, key=lambda t: t["total"])
+            self.stats.predicted_s = slowest["total"]
+            self.stats.engine_s = {k: v for k, v in slowest.items() if k != "total"}
 
     def allocate(self, buffer: str, bytes_per_partition: int, what: str) -> int:
         """Account a new on-chip allocation; returns the units to release when it dies."""
@@ -87,6 +113,7 @@ def begin(grid: tuple[int, ...]) -> Launch:
 def end() -> None:
     global _current, _last_stats
     if _current is not None:
+        _current.finish()
         _last_stats = _current.stats
     _current = None
 

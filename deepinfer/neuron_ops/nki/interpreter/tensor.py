@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from deepinfer.neuron_ops.nki.interpreter import dtypes, state
+from deepinfer.neuron_ops.nki.interpreter import cost, dtypes, state
 from deepinfer.neuron_ops.nki.interpreter.rules import PARTITIONS, require
 
 HBM_BUFFERS = ("hbm", "shared_hbm", "private_hbm")
@@ -162,10 +162,10 @@ class Tensor:
                 require(self.buffer == "psum" and self.dtype is dtypes.float32, "matmul-output-fp32-psum",
                         f"nc_matmul result accumulated into {self}")
             else:
-                state.current().count("vector")
+                state.current().count("vector", cycles=_add_cycles(self, other))
             src = other.data
         else:
-            state.current().count("vector")
+            state.current().count("vector", cycles=_add_cycles(self, None))
             src = other
         acc = self.data.astype(np.float32) + np.broadcast_to(src, self.shape).astype(np.float32)
         self.data[...] = dtypes.round_to(acc, self.dtype)
@@ -180,6 +180,12 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         return self.data.copy()
+
+
+def _add_cycles(acc: "Tensor", other) -> float:
+    two = isinstance(other, Tensor)
+    return cost.elementwise_cycles(cost.free_size(acc.shape), inputs=2 if two else 1,
+                                   psum_input="psum" in (acc.buffer, other.buffer if two else ""))
 
 
 def values(x) -> np.ndarray:

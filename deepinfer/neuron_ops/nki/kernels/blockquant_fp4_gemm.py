@@ -1,8 +1,13 @@
 """Blockquant fp4 GEMM for decode shapes: y = x @ W^T, W given as e2m1 nibble pairs (element 2j in
 the low nibble of byte j) with one ue8m0 exponent byte per `group` consecutive K elements of a row.
 
-trn2 has no fp4 matmul, so each weight tile is decoded on the Vector Engine into a tile of x's dtype
-(bf16 for bf16 activations; fp32 for fp32 ones, as the reference computes) before nc_matmul.
+Design note. trn2 has no fp4 (or integer) matmul datapath, so each weight tile is decoded once, on
+the Vector Engine, into the matmul's input format: x's dtype (bf16 for bf16 activations; fp32 for fp32
+ones, as the reference computes), with its 1x32 scale applied in the same pass, and is then the
+moving operand of both nibble halves' matmuls for every activation row. Decoding to fp8 instead
+would not remove the decode and would need a second rounding; folding the scale into x as the fp8
+kernel does would not either (the codes still need decoding). What the decode costs is in the cost
+model's table (docs/neuron.md section 3.7): it is the kernel's bound.
 
 Layout the kernel reads (prepared by ops.blockquant_fp4_gemm; the weight bytes are the checkpoint's,
 transposed K-major):
