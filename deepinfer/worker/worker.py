@@ -92,11 +92,12 @@ def prefix_caching_supported(engine_config, strategy_cls, log: bool = True) -> b
     option is turned off (docs/prefix_caching.md)."""
     if not getattr(engine_config, "enable_prefix_caching", False):
         return False
-    if strategy_cls is not EagerStrategy:
+    cls = getattr(strategy_cls, "func", strategy_cls)   # a functools.partial of a strategy class
+    if not (isinstance(cls, type) and issubclass(cls, EagerStrategy)):
         if log:
             logger.warning("prefix caching is off: the %s runner has no static-shape snapshot writes "
                            "(docs/prefix_caching.md); enforce_eager runs it with prefix caching",
-                           getattr(strategy_cls, "name", strategy_cls.__name__))
+                           getattr(cls, "name", cls))
         return False
     return True
 
