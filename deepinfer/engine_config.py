@@ -83,6 +83,10 @@ class EngineConfig:
     block_size: int | None = _option(None, help="token positions per KV block", value_type=int,
                                      default_text="the worker's choice")
     enforce_eager: bool = _option(False, help="no CUDA / Neuron graphs: every step runs eagerly")
+    enable_prefix_caching: bool = _option(
+        True, help="reuse the KV blocks (and their boundary state) of prompt prefixes computed before: "
+                   "full blocks are hashed by their tokens and shared, evicted least-recently-used only "
+                   "when the pool runs out (docs/prefix_caching.md; eager runners only)")
     # Compiling every graph up front means no request waits for a compile.
     warmup_graphs: bool = _option(
         False, help="compile (Neuron) or capture (CUDA) every bucket's graph when the engine starts "

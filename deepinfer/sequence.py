@@ -75,6 +75,12 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     state_slot: int | None = None
+    # Prefix caching (engine/prefix_cache.py): hashes of the prompt's full blocks (computed once), how
+    # many of block_table's blocks are named in the cache, and the prompt positions the first
+    # admission found cached (RequestOutput.num_cached_tokens).
+    prefix_hashes: list = field(default_factory=list, repr=False)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     # Logprob of each sampled output token (always kept: cumulative_logprob and truncate need it).

@@ -7,6 +7,12 @@ Reports requests ok / failed by cause, latency percentiles of the completed requ
 RSS at the start and the end (from /proc/<pid>/status: --server-pid, or the process listening on the
 port), and the KV blocks still in use once the traffic drained (`deepinfer:kv_blocks_used` on
 /metrics; anything but 0 is a leak). Only loopback servers are accepted.
+
+--shared-prefix-len N: half of the completions send token-id prompts made of one of
+--num-shared-prefixes fixed prefixes of N tokens and a random suffix, so the server's prefix cache is
+exercised (hit and miss, blocks shared by concurrent requests, eviction once the pool fills); the
+report adds the prefix-cache hit rate over the run (`deepinfer:prefix_cache_hits` / `_queries`) and
+the free KV blocks after the drain (cached blocks nobody holds count as free).
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ import httpx
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 KV_METRIC = "deepinfer:kv_blocks_used"
+KV_FREE_METRIC = "deepinfer:kv_blocks_free"
+HITS_METRIC, QUERIES_METRIC = "deepinfer:prefix_cache_hits_total", "deepinfer:prefix_cache_queries_total"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3,", "Hello"]
 MALFORMED = [  # (body bytes or JSON, the status a correct server answers)
     (b'{"prompt": "hi", ', 400), ({"prompt": "hi", "max_tokens": "3"}, 400),
@@ -88,8 +96,17 @@ class Tally:
         self.failed[cause] = self.failed.get(cause, 0) + 1
 
 
-def _completion_body(rng: random.Random, stream: bool) -> tuple[str, dict]:
-    if rng.random() < 0.3:
+def shared_prefixes(length: int, count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randint(100, 50_000) for _ in range(length)] for _ in range(count)]
+
+
+def _completion_body(rng: random.Random, stream: bool, prefixes: list[list[int]]) -> tuple[str, dict]:
+    if prefixes and rng.random() < 0.5:
+        suffix = [rng.randint(100, 50_000) for _ in range(rng.randint(1, 16))]
+        body = {"prompt": rng.choice(prefixes) + suffix, "max_tokens": rng.randint(1, 16)}
+        path = "/v1/completions"
+    elif rng.random() < 0.3:
         body = {"messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
                 "max_tokens": rng.randint(1, 16)}
         path = "/v1/chat/completions"
@@ -102,7 +119,8 @@ def _completion_body(rng: random.Random, stream: bool) -> tuple[str, dict]:
     return path, body
 
 
-async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tally) -> None:
+async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tally,
+                      prefixes: list[list[int]]) -> None:
     kind = rng.random()
     t0 = time.perf_counter()
     try:
@@ -116,7 +134,7 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tall
                 tally.fail(f"malformed got {r.status_code}")
             return
         stream = kind < 0.6
-        path, body = _completion_body(rng, stream)
+        path, body = _completion_body(rng, stream, prefixes)
         if not stream:
             r = await client.post(path, json=body)
             if r.status_code != 200:
@@ -156,10 +174,17 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tall
         tally.fail(type(e).__name__)
 
 
-async def worker(client, rng, tally, deadline: float, budget: list[int]) -> None:
+async def worker(client, rng, tally, deadline: float, budget: list[int], prefixes) -> None:
     while time.monotonic() < deadline and budget[0] > 0:
         budget[0] -= 1
-        await one_request(client, rng, tally)
+        await one_request(client, rng, tally, prefixes)
+
+
+async def _metrics(client) -> str:
+    try:
+        return (await client.get("/metrics")).text
+    except httpx.HTTPError:
+        return ""
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -179,22 +204,26 @@ async def soak(args) -> dict:
     async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=timeout,
                                  limits=limits) as client:
         rss_start = rss_kib(pid) if pid else None
+        prefixes = shared_prefixes(args.shared_prefix_len, args.num_shared_prefixes, args.seed) \
+            if args.shared_prefix_len else []
+        page = await _metrics(client)
+        hits0, queries0 = metric(page, HITS_METRIC), metric(page, QUERIES_METRIC)
         t0 = time.monotonic()
         deadline = t0 + args.duration
         budget = [args.max_requests]
         rngs = [random.Random(args.seed * 1000 + i) for i in range(args.concurrency)]
-        await asyncio.gather(*(worker(client, rng, tally, deadline, budget) for rng in rngs))
+        await asyncio.gather(*(worker(client, rng, tally, deadline, budget, prefixes) for rng in rngs))
         elapsed = time.monotonic() - t0
         # drain: aborted streams free their blocks within a step or two
         kv_used, drain_deadline = None, time.monotonic() + args.drain_timeout
         while True:
-            try:
-                kv_used = metric((await client.get("/metrics")).text, KV_METRIC)
-            except httpx.HTTPError:
-                kv_used = None
+            page = await _metrics(client)
+            kv_used = metric(page, KV_METRIC)
             if kv_used == 0 or time.monotonic() > drain_deadline:
                 break
             await asyncio.sleep(0.2)
+        kv_free = metric(page, KV_FREE_METRIC)
+        hits, queries = metric(page, HITS_METRIC), metric(page, QUERIES_METRIC)
         rss_end = rss_kib(pid) if pid else None
     lat = tally.latencies
     return {
@@ -205,8 +234,18 @@ async def soak(args) -> dict:
         "latency_s": {f"p{q}": percentile(lat, q) for q in (50, 90, 99)} | {"max": max(lat, default=None)},
         "requests_per_s": round((tally.ok + tally.disconnects) / elapsed, 2) if elapsed else None,
         "server_pid": pid, "server_rss_kib_start": rss_start, "server_rss_kib_end": rss_end,
-        "kv_blocks_used_after_drain": kv_used,
+        "kv_blocks_used_after_drain": kv_used, "kv_blocks_free_after_drain": kv_free,
+        "shared_prefix_len": args.shared_prefix_len,
+        "prefix_cache": _hit_rate(hits0, queries0, hits, queries),
     }
+
+
+def _hit_rate(hits0, queries0, hits, queries) -> dict | None:
+    """Prompt tokens looked up / found in the prefix cache during the run (None: no such metrics)."""
+    if None in (hits0, queries0, hits, queries):
+        return None
+    h, q = hits - hits0, queries - queries0
+    return {"queried_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else None}
 
 
 def parse_args(argv=None):
@@ -221,7 +260,12 @@ def parse_args(argv=None):
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shared-prefix-len", type=int, default=0,
+                   help="tokens of the shared prefixes half the completions start with (0: none)")
+    p.add_argument("--num-shared-prefixes", type=int, default=4)
     args = p.parse_args(argv)
+    if args.shared_prefix_len < 0 or args.num_shared_prefixes < 1:
+        p.error("--shared-prefix-len must be >= 0 and --num-shared-prefixes >= 1")
     if urlparse(args.base_url).hostname not in LOOPBACK:
         p.error("--base-url must be a loopback address (127.0.0.1 / localhost)")
     if not 0 < args.duration <= 24 * 3600 or not 1 <= args.concurrency <= 1024:

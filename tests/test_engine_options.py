@@ -31,6 +31,7 @@ OTHER_VALUES = {
     "num_kv_blocks": 32,
     "block_size": 16,
     "enforce_eager": True,
+    "enable_prefix_caching": False,
     "warmup_graphs": True,
     "seed": 7,
     "skip_tokenizer_init": True,
@@ -61,7 +62,10 @@ def _flag(name: str) -> str:
 def _argv(values: dict) -> list[str]:
     argv = ["--model", MODEL]
     for name, value in values.items():
-        argv += [_flag(name)] if value is True else [_flag(name), str(value)]
+        if isinstance(value, bool):   # a flag; one that defaults to True is turned off by --no-x
+            argv += [_flag(name) if value else "--no-" + _flag(name)[2:]]
+        else:
+            argv += [_flag(name), str(value)]
     return argv
 
 

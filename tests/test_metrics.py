@@ -32,6 +32,8 @@ FAMILIES = {
     "deepinfer:generation_tokens": "counter",
     "deepinfer:num_preemptions": "counter",
     "deepinfer:graphs_compiled": "counter",
+    "deepinfer:prefix_cache_queries": "counter",
+    "deepinfer:prefix_cache_hits": "counter",
     "deepinfer:spec_decode_steps": "counter",
     "deepinfer:spec_decode_emitted_tokens": "counter",
     "deepinfer:spec_decode_num_draft_tokens": "counter",
@@ -51,7 +53,8 @@ FAMILIES = {
 
 def _stats(**overrides):
     base = dict(num_running=2, num_waiting=1, num_used_blocks=3, num_free_blocks=5,
-                num_prompt_tokens=40, num_generation_tokens=9, num_preemptions=4, num_graphs=12)
+                num_prompt_tokens=40, num_generation_tokens=9, num_preemptions=4, num_graphs=12,
+                prefix_cache_queries=50, prefix_cache_hits=32)
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -102,6 +105,8 @@ def test_engine_values_are_read_from_the_snapshot_at_scrape_time():
         assert _value(fams, "deepinfer:generation_tokens", "deepinfer:generation_tokens_total") == 9
         assert _value(fams, "deepinfer:num_preemptions", "deepinfer:num_preemptions_total") == 4
         assert _value(fams, "deepinfer:graphs_compiled", "deepinfer:graphs_compiled_total") == 12
+        assert _value(fams, "deepinfer:prefix_cache_queries", "deepinfer:prefix_cache_queries_total") == 50
+        assert _value(fams, "deepinfer:prefix_cache_hits", "deepinfer:prefix_cache_hits_total") == 32
         assert _value(fams, "deepinfer:engine_ready", "deepinfer:engine_ready") == 1
     fams = _page(m, _stats(num_graphs=None, num_generation_tokens=11))  # eager runner: None
     assert _value(fams, "deepinfer:graphs_compiled", "deepinfer:graphs_compiled_total") == 0

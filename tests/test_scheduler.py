@@ -47,6 +47,8 @@ class ToySamplerOutput:
 
 
 class ToyWorker:
+    prefix_caching = False   # the toy cache keeps nothing across requests (the engine reads this of a worker)
+
     def __init__(self, num_kv_blocks=64, block_size=4, num_state_slots=17, avoid_eos=True, token_map=None):
         self.num_kv_blocks, self.block_size, self.num_state_slots = num_kv_blocks, block_size, num_state_slots
         self.token_map = token_map  # toy token i -> real token id (tests with the real tokenizer)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.model_executor.forward_meta import CompressMeta, StepInputs
+from deepinfer.model_executor.prefix_state import PrefixStateIO, StateCopies
 from deepinfer.model_executor.static_step import Bucket
 
 MAGIC = b"DIST"
@@ -28,7 +29,8 @@ KIND_STEP, KIND_SHUTDOWN = 1, 2
 # A DSpark draft block (spec/proposer.py): every rank runs the draft layers too, because their MoE
 # and lane attention have collectives; its StepInputs travel like a step's (bucket None, eager).
 KIND_DRAFT = 3
-_CLASSES = {"StepInputs": StepInputs, "CompressMeta": CompressMeta}
+_CLASSES = {"StepInputs": StepInputs, "CompressMeta": CompressMeta, "PrefixStateIO": PrefixStateIO,
+            "StateCopies": StateCopies}
 _ALIGN = 8
 
 

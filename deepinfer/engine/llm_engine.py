@@ -68,6 +68,9 @@ class EngineStats:
     num_finished_requests: int
     num_graphs: int | None = None  # graphs the runner compiled or captured so far; None: eager runner
     spec_decode: SpecDecodeStats | None = None  # decode request-steps, drafts verified / accepted per depth
+    # Prefix caching: tokens of admitted sequences looked up, and those found cached (0 when off).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass
@@ -119,7 +122,10 @@ class LLMEngine:
                 f"{(num_blocks - 1) * block_size} tokens, fewer than max_model_len="
                 f"{engine_config.max_model_len}; raise num_kv_blocks / kv_cache_memory_bytes or "
                 f"lower max_model_len")
-        self.block_manager = BlockManager(num_blocks, block_size, int(worker.num_state_slots))
+        ep, cp = int(engine_config.expert_parallel_size), int(engine_config.context_parallel_size)
+        self.block_manager = BlockManager(num_blocks, block_size, int(worker.num_state_slots),
+                                          enable_prefix_caching=bool(worker.prefix_caching),
+                                          num_groups=ep // cp if ep > cp else 1)
         self.scheduler = Scheduler(engine_config, self.block_manager,
                                    eos_token_ids=list(model_config.eos_token_ids or ()))
         self.vocab_size = int(model_config.vocab_size)
@@ -401,7 +407,8 @@ class LLMEngine:
         # The request's own prompt list (the engine never changes it), not a per-step copy.
         return RequestOutput(request_id=req.request_id, prompt=req.prompt,
                              prompt_token_ids=req.prompt_token_ids, outputs=completions,
-                             finished=req.finished, metrics=metrics, prompt_logprobs=prompt_logprobs)
+                             finished=req.finished, metrics=metrics, prompt_logprobs=prompt_logprobs,
+                             num_cached_tokens=first.num_cached_tokens)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
@@ -415,4 +422,6 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_finished_requests=self._num_finished_requests,
             num_graphs=getattr(getattr(self.worker, "runner", None), "num_graphs", None),
-            spec_decode=self.scheduler.spec_policy.stats.snapshot())
+            spec_decode=self.scheduler.spec_policy.stats.snapshot(),
+            prefix_cache_queries=bm.prefix_cache.num_queried_tokens if bm.prefix_cache else 0,
+            prefix_cache_hits=bm.prefix_cache.num_hit_tokens if bm.prefix_cache else 0)

@@ -40,6 +40,10 @@ class ScheduledSeq:
     draft_token_ids: list[int] = field(default_factory=list)
     # Set by the worker: one {token_id: Logprob} per position of prompt_logprob_positions.
     prompt_logprobs: list[dict] | None = None
+    # Prefix caching (model_executor/prefix_state.py): the first restore_len positions came from cached
+    # blocks at admission; blocks completing at or before snapshot_upto store their boundary state.
+    restore_len: int = 0
+    snapshot_upto: int = 0
 
     @property
     def start_pos(self) -> int:
@@ -177,16 +181,23 @@ class Scheduler:
         while self.waiting and not out.preempted and budget > 0 \
                 and len(self.running) < self.config.max_num_seqs and bm.num_free_state_slots > 0:
             seq = self.waiting[0]
+            hit = bm.admit_cached(seq)  # its slot, and the blocks of its cached prompt prefix
             want = min(seq.num_pending_tokens, budget,
                        bm.max_tokens_coverable(seq) - seq.num_computed_tokens)
             if want < 1:
+                bm.free(seq)
+                seq.num_computed_tokens = 0
                 break  # FCFS: the head waits for blocks; nobody overtakes it
             want, drafts = self._fit_drafts(seq, want, budget)
             want += len(drafts)
             self.waiting.popleft()
+            if bm.prefix_cache is not None:
+                bm.prefix_cache.record_query(len(seq), hit)
+                if seq.first_scheduled_time is None:
+                    seq.num_cached_tokens = hit
             seq.status = SequenceStatus.RUNNING
             self._insert_running(seq)
-            self._schedule(out, seq, want, drafts=drafts)
+            self._schedule(out, seq, want, drafts=drafts, restore_len=hit)
             budget -= want
 
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
@@ -197,7 +208,7 @@ class Scheduler:
         return self.spec_policy.plan(decodes, budget)
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int,
-                  is_decode: bool = False, drafts: list[int] | None = None) -> None:
+                  is_decode: bool = False, drafts: list[int] | None = None, restore_len: int = 0) -> None:
         # KV blocks cover the drafts too; those of rejected drafts stay with the sequence (it grows
         # into them) and their entries are never read before they are rewritten (docs/model.md §5.3).
         self.block_manager.allocate(seq, seq.num_computed_tokens + num_new_tokens)
@@ -205,7 +216,10 @@ class Scheduler:
             seq.first_scheduled_time = time.time()
         drafts = list(drafts or ())
         do_sample = seq.num_computed_tokens + num_new_tokens - len(drafts) == len(seq)
-        out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode, draft_token_ids=drafts))
+        cacheable = self.block_manager.cacheable_len(seq)
+        out.scheduled.append(ScheduledSeq(seq, num_new_tokens, do_sample, is_decode, draft_token_ids=drafts,
+                                          restore_len=restore_len,
+                                          snapshot_upto=cacheable if seq.num_computed_tokens < cacheable else 0))
 
     # ---- results --------------------------------------------------------------------------
     def update(self, scheduled: list[ScheduledSeq], result: StepResult | None) -> list[Sequence]:
@@ -231,6 +245,8 @@ class Scheduler:
             accepted = len(group.tokens) - 1 if group is not None else 0
             seq.num_computed_tokens += item.num_new_tokens - len(item.draft_token_ids) + accepted
             assert seq.num_computed_tokens <= len(seq) + accepted
+            if item.snapshot_upto:
+                self.block_manager.register(seq)
             if group is None:
                 continue
             seq.num_last_emitted = 0

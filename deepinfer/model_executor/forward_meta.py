@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepinfer.model_executor.prefix_state import PrefixStateIO, build_prefix_io
+
 
 @dataclass
 class SeqChunk:
@@ -31,6 +33,11 @@ class SeqChunk:
     block_table: list[int]    # blocks covering at least ctx_len + num_new tokens
     token_ids: list[int]      # the sequence's tokens, at least up to ctx_len + num_new
     num_logits: int = 1       # logits rows wanted (the last `num_logits` new tokens), 0 for none
+    # Prefix caching (model_executor/prefix_state.py): the first restore_len positions come from cached
+    # blocks (their boundary state is copied into the slot first); every block that completes at or
+    # before snapshot_upto stores its boundary state.
+    restore_len: int = 0
+    snapshot_upto: int = 0
 
 
 @dataclass
@@ -61,6 +68,7 @@ class StepInputs:
     ngram_ids: torch.Tensor | None = None      # [T, N] compressed ids of tokens t, t-1, ... (pad before start)
     token_valid: torch.Tensor | None = None    # [T] bool: False for placeholder rows (state slot 0), which
                                                # select no expert (docs/neuron.md §5.3); None = all real
+    prefix: PrefixStateIO | None = None        # prefix-cache state copies (model_executor/prefix_state.py)
     static_shapes: bool = False                # padded to a bucket (model_executor/static_step.py): the forward
                                                # must use fixed-shape, sync-free kernels (routed MoE)
 
@@ -181,7 +189,8 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
     return StepInputs(input_ids=input_ids, positions=positions,
                       logits_indices=logits_indices, swa_idx=swa_idx, swa_valid=swa_valid,
                       swa_write_src=swa_write_src, swa_write_dst=swa_write_dst,
-                      comp=comp, ngram_ids=ngram_ids, token_valid=token_valid)
+                      comp=comp, ngram_ids=ngram_ids, token_valid=token_valid,
+                      prefix=build_prefix_io(chunks, layout, ctx, start))
 
 
 def step_to(step: StepInputs, device) -> StepInputs:
@@ -192,7 +201,13 @@ def step_to(step: StepInputs, device) -> StepInputs:
 
     def move(v):
         return v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-    comp = {k: dataclasses.replace(m, **{f.name: move(getattr(m, f.name)) for f in dataclasses.fields(m)})
-            for k, m in step.comp.items()}
-    fields = {f.name: move(getattr(step, f.name)) for f in dataclasses.fields(step) if f.name != "comp"}
-    return dataclasses.replace(step, comp=comp, **fields)
+
+    def move_fields(obj):
+        return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+    comp = {k: move_fields(m) for k, m in step.comp.items()}
+    prefix = step.prefix
+    if prefix is not None:
+        prefix = PrefixStateIO(move_fields(prefix.swa), {k: move_fields(c) for k, c in prefix.comp.items()})
+    fields = {f.name: move(getattr(step, f.name)) for f in dataclasses.fields(step)
+              if f.name not in ("comp", "prefix")}
+    return dataclasses.replace(step, comp=comp, prefix=prefix, **fields)

@@ -155,16 +155,19 @@ def _full_response(ctx: _Context, out) -> dict:
                         "finish_reason": parser.finish_reason(c.finish_reason),
                         "stop_reason": c.stop_reason})
     completion_tokens = sum(len(c.token_ids) for c in out.outputs)
-    return ctx.envelope("chat.completion", choices, usage(ctx.prompt_tokens, completion_tokens))
+    return ctx.envelope("chat.completion", choices, usage(ctx.prompt_tokens, completion_tokens,
+                                                         out.num_cached_tokens))
 
 
 async def _stream(ctx: _Context, gen: Generation):
     states: dict[int, ChoiceState] = {}
     parsers: dict[int, ReplyParser] = {}
     completion_tokens: dict[int, int] = {}
+    cached_tokens = 0
     try:
         try:
             async for _, out in gen.outputs():
+                cached_tokens = out.num_cached_tokens
                 for c in out.outputs:
                     st = states.setdefault(c.index, ChoiceState())
                     if not st.advance(c):
@@ -187,7 +190,8 @@ async def _stream(ctx: _Context, gen: Generation):
                     yield sse(ctx.envelope("chat.completion.chunk", [choice], stream=True))
             if ctx.req.include_usage:
                 yield sse(ctx.envelope("chat.completion.chunk", [],
-                                       usage(ctx.prompt_tokens, sum(completion_tokens.values())),
+                                       usage(ctx.prompt_tokens, sum(completion_tokens.values()),
+                                             cached_tokens),
                                        stream=True))
         except APIError as e:
             yield sse_error_event(e.status, e.message, e.param)

@@ -187,7 +187,8 @@ def _full_response(ctx: _Context, finals: list) -> dict:
             choices.append(_choice(p_index * ctx.req.n + c.index, echo + text, logprobs,
                                    "length" if scoring else c.finish_reason,
                                    None if scoring else c.stop_reason))
-    return ctx.envelope(choices, usage(ctx.prompt_tokens, completion_tokens))
+    return ctx.envelope(choices, usage(ctx.prompt_tokens, completion_tokens,
+                                       sum(out.num_cached_tokens for out in finals)))
 
 
 def _echo_only(ctx: _Context) -> Response:
@@ -210,10 +211,12 @@ async def _stream(ctx: _Context, gen: Generation):
     tokenizer = ctx.state.tokenizer
     states: dict[int, ChoiceState] = {}
     completion_tokens: dict[int, int] = {}
+    cached_tokens: dict[int, int] = {}
     scoring = ctx.req.scoring_only
     try:
         try:
             async for p_index, out in gen.outputs():
+                cached_tokens[p_index] = out.num_cached_tokens
                 for c in out.outputs:
                     index = p_index * n + c.index
                     st = states.setdefault(index, ChoiceState())
@@ -236,8 +239,8 @@ async def _stream(ctx: _Context, gen: Generation):
                     yield sse(ctx.envelope([_choice(index, prefix + delta, logprobs, finish,
                                                     stop_reason)], stream=True))
             if ctx.req.include_usage:
-                yield sse(ctx.envelope([], usage(ctx.prompt_tokens, sum(completion_tokens.values())),
-                                       stream=True))
+                yield sse(ctx.envelope([], usage(ctx.prompt_tokens, sum(completion_tokens.values()),
+                                                 sum(cached_tokens.values())), stream=True))
         except APIError as e:
             yield sse_error_event(e.status, e.message, e.param)
         except Exception as e:  # noqa: BLE001 - contained to this stream

@@ -145,6 +145,12 @@ def _engine_families(view: _EngineView) -> Iterator[Metric]:
               s.num_generation_tokens if s else 0)
     yield one(CounterMetricFamily, "num_preemptions", "Sequences preempted (recomputed later).",
               s.num_preemptions if s else 0)
+    yield one(CounterMetricFamily, "prefix_cache_queries",
+              "Prompt tokens looked up in the prefix cache (per admission).",
+              getattr(s, "prefix_cache_queries", 0) if s else 0)
+    yield one(CounterMetricFamily, "prefix_cache_hits",
+              "Prompt tokens found in the prefix cache (not prefilled again).",
+              getattr(s, "prefix_cache_hits", 0) if s else 0)
     yield one(CounterMetricFamily, "graphs_compiled",
               "Graphs the graph runner compiled (Neuron regions) or captured (CUDA graphs) so far; "
               "0 for the eager runner.", (s.num_graphs or 0) if s else 0)

@@ -12,6 +12,7 @@ from deepinfer.model_executor.forward_meta import CacheLayout
 from deepinfer.model_executor.layers import quant
 from deepinfer.model_executor.models.v4_attention import compressor_spec
 from deepinfer.model_executor.models.v4_common import CacheFormats, ModelCache
+from deepinfer.model_executor.prefix_state import comp_snapshot_rows, swa_snapshot_rows
 from deepinfer.worker.kv_records import record_format
 
 
@@ -78,6 +79,22 @@ def storage_plan(cfg, block_size: int, dtype: torch.dtype, extra_ring_rows: int 
     return items
 
 
+def snapshot_plan(cfg, block_size: int, dtype: torch.dtype) -> list[StorageItem]:
+    """The prefix cache's per-block snapshot stores (model_executor/prefix_state.py): one per SWA ring
+    (kind "swa_snap") and per overlapping compressor's state ring ("state_snap")."""
+    items = []
+    for it in storage_plan(cfg, block_size, dtype):
+        if it.kind == "swa":
+            items.append(StorageItem("swa_snap", it.layer, swa_snapshot_rows(cfg.sliding_window, block_size),
+                                     it.width, it.dtype, "block"))
+        elif it.kind in ("state_main", "state_index"):
+            rows = comp_snapshot_rows(compressor_spec(cfg, it.layer))
+            if rows:
+                items.append(StorageItem("state_snap_" + it.kind.split("_")[1], it.layer, rows, it.width,
+                                         it.dtype, "block"))
+    return items
+
+
 def cache_formats(cfg, mode: str, dtype: torch.dtype, fp8_max: float = quant.FP8_E4M3_MAX) -> CacheFormats:
     return CacheFormats(swa=record_format("swa", cfg.head_dim, mode, dtype, fp8_max),
                         entries=record_format("entries", cfg.head_dim, mode, dtype, fp8_max),
@@ -86,10 +103,11 @@ def cache_formats(cfg, mode: str, dtype: torch.dtype, fp8_max: float = quant.FP8
 
 def allocate_cache(cfg, num_slots: int, num_blocks: int, block_size: int, dtype: torch.dtype,
                    device="cpu", mode: str = "plain", fp8_max: float = quant.FP8_E4M3_MAX,
-                   extra_ring_rows: int = 0) -> ModelCache:
+                   extra_ring_rows: int = 0, prefix_snapshots: bool = False) -> ModelCache:
     """mode "plain" stores values in `dtype`; "compact" stores DeepSeek's byte records
     (worker/kv_records.py) whose e4m3 bytes stay within `fp8_max` (the platform's).
-    Compressor state rings are never compacted."""
+    Compressor state rings are never compacted. prefix_snapshots: also the prefix cache's per-block
+    snapshot stores (snapshot_plan), in the same record formats as the rings they copy."""
     fmts = cache_formats(cfg, mode, dtype, fp8_max)
     cache = ModelCache(formats=fmts)
     for it in storage_plan(cfg, block_size, dtype, extra_ring_rows):
@@ -108,12 +126,27 @@ def allocate_cache(cfg, num_slots: int, num_blocks: int, block_size: int, dtype:
             cache.entries[it.layer] = buf
         else:
             cache.index_keys[it.layer] = buf
+    for it in snapshot_plan(cfg, block_size, dtype) if prefix_snapshots else ():
+        n = it.rows_per * num_blocks
+        if it.kind == "swa_snap":
+            cache.swa_snap[it.layer] = fmts.swa.alloc(n, device)
+            continue
+        key = (it.layer, it.kind.removeprefix("state_snap_"))
+        cache.state_snap[key] = torch.zeros(n, it.width, dtype=it.dtype, device=device)
+        cache.state_snap_spec[key] = compressor_spec(cfg, it.layer)
     return cache
 
 
-def bytes_per_block(cfg, block_size: int, dtype: torch.dtype, mode: str = "plain") -> int:
-    return sum(it.rows_per * record_bytes(it.kind, it.width, mode, dtype)
-               for it in storage_plan(cfg, block_size, dtype) if it.per == "block")
+def bytes_per_block(cfg, block_size: int, dtype: torch.dtype, mode: str = "plain",
+                    prefix_snapshots: bool = False) -> int:
+    items = [it for it in storage_plan(cfg, block_size, dtype) if it.per == "block"]
+    if prefix_snapshots:
+        items += snapshot_plan(cfg, block_size, dtype)
+    return sum(it.rows_per * record_bytes(_record_kind(it.kind), it.width, mode, dtype) for it in items)
+
+
+def _record_kind(kind: str) -> str:
+    return {"swa_snap": "swa"}.get(kind, "state" if kind.startswith("state") else kind)
 
 
 def bytes_per_slot(cfg, dtype: torch.dtype) -> int:

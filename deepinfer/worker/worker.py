@@ -87,6 +87,23 @@ def kv_pool_blocks(engine_config, block_size: int, bytes_per_block: int) -> int:
     return max(min_blocks, min(want, budget // max(1, bytes_per_block)))
 
 
+def prefix_caching_supported(engine_config, strategy_cls, log: bool = True) -> bool:
+    """Whether this worker caches prefixes: enable_prefix_caching, and an eager runner. The graph
+    runners (CUDA graphs, Neuron regions) bake every step's index tensors into static shapes, and the
+    snapshot writes of model_executor/prefix_state.py have no static size there yet, so with them the
+    option is turned off (docs/prefix_caching.md)."""
+    if not engine_config.enable_prefix_caching:
+        return False
+    cls = getattr(strategy_cls, "func", strategy_cls)   # a functools.partial of a strategy class
+    if not (isinstance(cls, type) and issubclass(cls, EagerStrategy)):
+        if log:
+            logger.warning("prefix caching is off: the %s runner has no static-shape snapshot writes "
+                           "(docs/prefix_caching.md); enforce_eager runs it with prefix caching",
+                           getattr(cls, "name", cls))
+        return False
+    return True
+
+
 class Worker:
     def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, strategy_cls=None,
                  platform=None, rank: int = 0, parallel=None, transport=None, **strategy_kw):
@@ -118,19 +135,22 @@ class Worker:
         self.block_size = int(engine_config.block_size or cache_engine.default_block_size(cfg))
         self.num_state_slots = int(engine_config.max_num_seqs) + 1  # slot 0 is scratch
         self.kv_cache_mode = engine_config.kv_cache_mode
-        self.bytes_per_block = cache_engine.bytes_per_block(cfg, self.block_size, self.dtype, self.kv_cache_mode)
+        if strategy_cls is None:
+            strategy_cls = EagerStrategy if engine_config.enforce_eager else strategy_class(
+                self.platform.runner_strategy)
+        self.prefix_caching = prefix_caching_supported(engine_config, strategy_cls, log=progress)
+        self.bytes_per_block = cache_engine.bytes_per_block(cfg, self.block_size, self.dtype, self.kv_cache_mode,
+                                                            prefix_snapshots=self.prefix_caching)
         self.num_kv_blocks = kv_pool_blocks(engine_config, self.block_size, self.bytes_per_block)
         cache = cache_engine.allocate_cache(cfg, self.num_state_slots, self.num_kv_blocks, self.block_size,
                                             self.dtype, device=self.platform.device, mode=self.kv_cache_mode,
-                                            fp8_max=self.platform.fp8_max, extra_ring_rows=extra_rows)
+                                            fp8_max=self.platform.fp8_max, extra_ring_rows=extra_rows,
+                                            prefix_snapshots=self.prefix_caching)
         if progress:
             startup_log.log_kv_pool(self.num_kv_blocks, self.block_size, self.bytes_per_block, self.kv_cache_mode,
                                     int(engine_config.max_model_len), int(engine_config.max_num_seqs))
         layout = cache_engine.cache_layout(cfg, self.num_state_slots, self.block_size,
                                            getattr(self.model, "engram_spec", None), extra_ring_rows=extra_rows)
-        if strategy_cls is None:
-            strategy_cls = EagerStrategy if engine_config.enforce_eager else strategy_class(
-                self.platform.runner_strategy)
         buckets = None if strategy_cls is EagerStrategy else self.platform.bucket_spec(engine_config)
         if buckets is not None:
             strategy_kw.setdefault("buckets", buckets)
@@ -187,7 +207,8 @@ class Worker:
             chunks.append(SeqChunk(slot=s.seq.state_slot, ctx_len=s.seq.num_computed_tokens,
                                    num_new=s.num_new_tokens, block_table=s.seq.block_table,
                                    token_ids=s.seq.token_ids + drafts if drafts else s.seq.token_ids,
-                                   num_logits=len(positions) + ((1 + len(drafts)) if s.do_sample else 0)))
+                                   num_logits=len(positions) + ((1 + len(drafts)) if s.do_sample else 0),
+                                   restore_len=s.restore_len, snapshot_upto=s.snapshot_upto))
         if self.spec is not None:
             plain = [self._sample_request(s.seq) for s in scheduled if s.do_sample and not s.draft_token_ids]
             step, results = self.spec.execute(scheduled, chunks, plain, scores)

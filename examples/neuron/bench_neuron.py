@@ -106,6 +106,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads for the offline engine and the baseline (default: torch's); "
                          "1 keeps numbers stable on a machine shared with other jobs")
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                    help="offline: the engine's automatic prefix caching; server mode: only recorded")
+    ap.add_argument("--shared-prefix-len", type=int, default=0,
+                    help="also measure prefix-cache reuse: after a warm-up request, two requests that share "
+                         "a prefix of this many tokens (different --shared-suffix-len suffixes) run one after "
+                         "the other; the JSON's shared_prefix record has both TTFTs and their ratio")
+    ap.add_argument("--shared-suffix-len", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", choices=("transformers",), default=None)
@@ -135,6 +142,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--num-warmups: must be >= 0, got {args.num_warmups}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+    if args.shared_prefix_len < 0 or args.shared_suffix_len < 1:
+        raise ValueError(f"--shared-prefix-len / --shared-suffix-len: must be >= 0 / >= 1, got "
+                         f"{args.shared_prefix_len} / {args.shared_suffix_len}")
     if args.request_timeout <= 0:
         raise ValueError(f"--request-timeout: must be > 0, got {args.request_timeout}")
     config_path = os.path.join(args.model, "config.json")
@@ -173,12 +183,14 @@ def build_driver(args: argparse.Namespace, nextn: int = 0):
         return driver, "deepinfer-server", platform
     from bench_lib.offline import EngineArgs, OfflineDriver
     max_conc = max(args.concurrency)
+    max_in = max(max(args.input_lens), shared_prompt_len(args))
     driver = OfflineDriver(EngineArgs(
         model=args.model, accelerator=args.accelerator, dtype=args.dtype,
-        max_model_len=args.max_model_len or max(args.input_lens) + max(args.output_lens),
+        max_model_len=args.max_model_len or max_in + max(args.output_lens),
         max_num_seqs=max_conc,
         max_num_batched_tokens=(args.max_num_batched_tokens
-                                or max(max_conc * (1 + nextn), _next_pow2(max(args.input_lens) + max_conc))),
+                                or max(max_conc * (1 + nextn), _next_pow2(max_in + max_conc))),
+        enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature,
         weight_format=args.weight_format, context_parallel_size=args.cp, expert_parallel_size=args.ep,
         attention_tp_size=args.attention_tp_size, num_speculative_tokens=nextn,
@@ -235,6 +247,38 @@ def run_matrix(driver, backend: str, args, prompts: PromptFactory, config: dict,
     return records
 
 
+def shared_prompt_len(args: argparse.Namespace) -> int:
+    return args.shared_prefix_len + args.shared_suffix_len if args.shared_prefix_len else 0
+
+
+def run_shared_prefix(driver, args, prompts: PromptFactory, nextn: int) -> dict:
+    """TTFT of a request whose prompt shares --shared-prefix-len tokens with the one before it, against
+    that first request's (both alone in the engine, after a warm-up request of the same length that
+    shares nothing), with output length --output-lens' first value."""
+    n_pre, n_suf, n_out = args.shared_prefix_len, args.shared_suffix_len, args.output_lens[0]
+    warm, first, second = prompts.make(3, n_pre + n_suf, (n_pre, n_suf, nextn, 2))
+    second = first[:n_pre] + second[n_pre:]
+    hits = getattr(driver, "prefix_cache_hits", None)
+    results = []
+    for prompt in (warm, first, second):
+        before = hits() if hits else None
+        (r,), _ = driver.run([prompt], n_out, 1)
+        r.check()
+        results.append((r, None if hits is None else hits() - before))
+    (rw, _), (r1, hit1), (r2, hit2) = results
+    ok = rw.ok and r1.ok and r2.ok
+    rec = {"shared_prefix_len": n_pre, "suffix_len": n_suf, "output_len": n_out, "nextn": nextn,
+           "enable_prefix_caching": args.enable_prefix_caching,
+           "ttft_first_ms": r1.ttft * 1e3 if ok else None, "ttft_second_ms": r2.ttft * 1e3 if ok else None,
+           "ttft_ratio": r2.ttft / r1.ttft if ok else None,
+           "cached_tokens_first": hit1, "cached_tokens_second": hit2,
+           "failed": sum(not r.ok for r, _ in results), "errors": [r.error for r, _ in results if not r.ok]}
+    report.say(f"shared prefix {n_pre} + {n_suf}: TTFT first {report.fmt(rec['ttft_first_ms'])} ms, second "
+               f"{report.fmt(rec['ttft_second_ms'])} ms (ratio {report.fmt(rec['ttft_ratio'])}), cached "
+               f"tokens {hit2}")
+    return rec
+
+
 def spec_delta(before, after) -> dict:
     """The engine's speculative-decoding counters over one cell (spec/stats.py)."""
     steps = after.num_decode_steps - before.num_decode_steps
@@ -271,13 +315,15 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     prompts = PromptFactory(int(model_cfg.get("vocab_size", 32000)), seed=args.seed)
 
-    records = []
+    records, shared = [], []
     for nextn in args.nextn:
         driver, backend, platform = build_driver(args, nextn)
         cfg = dict(config)
         if not args.base_url:
             cfg["engine"] = dataclasses.asdict(driver.args)
         records += run_matrix(driver, backend, args, prompts, cfg, platform, versions, nextn)
+        if args.shared_prefix_len:
+            shared.append(run_shared_prefix(driver, args, prompts, nextn))
         if hasattr(driver, "close"):
             driver.close()   # the offline engine's follower processes
         del driver
@@ -303,14 +349,18 @@ def main(argv=None) -> int:
 
     all_records = records + base_records
     report.say(report.summary_matrix(all_records))
-    failed = sum(r["failed"] + r["warmup_failed"] for r in all_records)
-    report.write_json(args.out, {"records": all_records, "failed_requests": failed})
+    failed = sum(r["failed"] + r["warmup_failed"] for r in all_records) + sum(r["failed"] for r in shared)
+    out = {"records": all_records, "failed_requests": failed}
+    if shared:
+        out["shared_prefix"] = shared
+    report.write_json(args.out, out)
     report.say(f"wrote {args.out}")
     if args.plot:
         report.plot(args.plot, all_records)
         report.say(f"wrote {args.plot}")
     if failed:
         errors = [e for r in all_records for e in r["warmup_errors"] + r["errors"]]
+        errors += [e for r in shared for e in r["errors"]]
         print(f"error: {failed} request(s) failed (warm-ups included); first: {errors[0]}", file=sys.stderr)
         return 1
     return 0

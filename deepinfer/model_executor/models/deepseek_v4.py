@@ -15,6 +15,7 @@ from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.model_executor.checkpoint_formats import FP8, stored_as
 from deepinfer.model_executor.forward_meta import StepInputs
 from deepinfer.model_executor.layers.kernel_table import KernelTable
+from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
 from deepinfer.model_executor.models import dspark_draft
 from deepinfer.model_executor.models.v4_attention import Attention
@@ -56,7 +57,9 @@ class DecoderLayer(nn.Module):
         cfg, cache, i = self.cfg, ctx.cache, self.layer
         attn = self.attn
         io = LayerIO(swa=cache.swa[i], fmt=cache.formats, state=cache.comp_state.get((i, "main")),
-                     index_state=cache.comp_state.get((i, "index")))
+                     index_state=cache.comp_state.get((i, "index")), swa_snap=cache.swa_snap.get(i),
+                     state_snap=cache.state_snap.get((i, "main")),
+                     index_state_snap=cache.state_snap.get((i, "index")))
         if attn.ratio > 0:
             io.entries = cache.entries[cfg.kv_source_map[i] if cfg.is_v41 else i]
             if attn.is_index_source:
@@ -202,6 +205,8 @@ class DeepseekV4Model(nn.Module):
 
     def hidden_states(self, step: StepInputs, cache: ModelCache, run_layer=None) -> torch.Tensor:
         cfg = self.cfg
+        if step.prefix is not None:
+            prefix_state.restore(step.prefix, cache)
         ctx = StepContext(self, step, cache)
         e = self.embed.weight[step.input_ids]
         x = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()

@@ -74,8 +74,10 @@ def main_key(model, blk, m: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 
 
 def write_main_keys(model, ctx: StepContext) -> None:
-    """Store every draft layer's main keys of the step's window writes (same rows as the main rings)."""
+    """Store every draft layer's main keys of the step's window writes (same rows as the main rings),
+    and of the prefix-cache snapshot rows (model_executor/prefix_state.py)."""
     step, cache = ctx.step, ctx.cache
+    _snapshot_main_keys(model, ctx)
     src = step.swa_write_src
     if not src.numel():
         return
@@ -84,6 +86,26 @@ def write_main_keys(model, ctx: StepContext) -> None:
     cos, sin = cos.index_select(0, src), sin.index_select(0, src)
     for blk in model.mtp:
         cache.swa[blk.layer][step.swa_write_dst] = cache.formats.swa.encode(main_key(model, blk, m, cos, sin))
+
+
+def _snapshot_main_keys(model, ctx: StepContext) -> None:
+    """Draft layers' snapshot rows: ring rows of earlier steps as they are, this step's from its features
+    (before the ring writes of this step replace any of them)."""
+    step, cache = ctx.step, ctx.cache
+    copies = step.prefix.swa if step.prefix is not None else None
+    if copies is None or not copies.snap_dst.numel() or not cache.swa_snap:
+        return
+    ring_rows = cache.swa[model.mtp[0].layer].shape[0]
+    in_step = copies.snap_src >= ring_rows
+    rows = (copies.snap_src - ring_rows).clamp(min=0)
+    m = main_features(model, ctx, rows)
+    cos, sin = ctx.rope("main")
+    cos, sin = cos.index_select(0, rows), sin.index_select(0, rows)
+    for blk in model.mtp:
+        ring = cache.swa[blk.layer]
+        new = cache.formats.swa.encode(main_key(model, blk, m, cos, sin))
+        old = ring[copies.snap_src.clamp(max=ring_rows - 1)]
+        cache.swa_snap[blk.layer][copies.snap_dst] = torch.where(in_step[:, None], new, old)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from torch import nn
 
 from deepinfer.distributed import comm
 from deepinfer.model_executor.checkpoint_formats import F32, FP8, stored_as
+from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.compressor import gather_overlap_slots
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
 from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
@@ -121,15 +122,19 @@ class Attention(nn.Module):
 
     # -- compressed-entry production ---------------------------------------------------------
     def _pool(self, comp: "Compressor", rows: torch.Tensor, state: torch.Tensor, meta, ctx: StepContext,
-              out_dtype: torch.dtype) -> torch.Tensor | None:
+              out_dtype: torch.dtype, snap: torch.Tensor | None = None) -> torch.Tensor | None:
         """Pool the windows that complete this step from cat([state ring, this step's rows]) into
-        normalised pre-RoPE entries (None when none completes), and save the rows later windows need."""
+        normalised pre-RoPE entries (None when none completes), and save the rows later windows need
+        (and, into `snap`, the rows of the blocks this step completes: model_executor/prefix_state.py)."""
         latent = None
+        full = None
         if meta.entry_dst.numel():
-            c, z = gather_overlap_slots(torch.cat([state, rows.to(state.dtype)]), meta.src_idx, comp.width,
-                                        comp.overlap)
+            full = torch.cat([state, rows.to(state.dtype)])
+            c, z = gather_overlap_slots(full, meta.src_idx, comp.width, comp.overlap)
             pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(out_dtype)
             latent = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
+        if snap is not None and ctx.step.prefix is not None:
+            prefix_state.snapshot(snap, ctx.step.prefix.comp.get(self.comp_key), state, rows, full)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
         return latent
@@ -138,7 +143,7 @@ class Attention(nn.Module):
         cfg, step = self.cfg, ctx.step
         meta = step.comp[self.comp_key]
         rows = self.compressor.project(h_src, step.positions, fp32_out=cfg.is_v41)
-        latent = self._pool(self.compressor, rows, io.state, meta, ctx, h_src.dtype)
+        latent = self._pool(self.compressor, rows, io.state, meta, ctx, h_src.dtype, io.state_snap)
         cos, sin = ctx.entry_rope(self.comp_key)
         if latent is not None:
             io.entries[meta.entry_dst] = io.fmt.entries.encode(ctx.k.rope(latent, cos, sin))
@@ -146,7 +151,7 @@ class Attention(nn.Module):
             # V4 index keys: the indexer's own overlapping compressor over the same windows
             icomp = self.indexer.compressor
             irows = icomp.project(h_src, step.positions, fp32_out=False)
-            keys = self._pool(icomp, irows, io.index_state, meta, ctx, h_src.dtype)
+            keys = self._pool(icomp, irows, io.index_state, meta, ctx, h_src.dtype, io.index_state_snap)
         elif cfg.is_v41 and latent is not None and hasattr(self, "indexer") and hasattr(self.indexer, "wk"):
             # V4.1 index keys: projected from the pre-RoPE latent
             keys = ctx.k.rms_norm(latent @ self.indexer.wk.weight.t(), self.indexer.k_norm.weight,
@@ -201,7 +206,10 @@ class Attention(nn.Module):
 
         ring = io.swa
         # this step's rows go through the record format too, so they read back as later steps see them
-        keys = io.fmt.swa.decode(torch.cat([ring, io.fmt.swa.encode(kv)])[step.swa_idx], q.dtype)
+        full = torch.cat([ring, io.fmt.swa.encode(kv)])
+        keys = io.fmt.swa.decode(full[step.swa_idx], q.dtype)
+        if io.swa_snap is not None and step.prefix is not None:
+            prefix_state.snapshot(io.swa_snap, step.prefix.swa, ring, kv, full)
         valid = step.swa_valid
         if self.ratio > 0:
             if self.comp_key is not None:

@@ -32,6 +32,10 @@ class ModelCache:
     entries: dict = field(default_factory=dict)     # kv-source layer -> [blocks * epb, d]
     index_keys: dict = field(default_factory=dict)  # index-K source layer -> [blocks * epb, index_head_dim]
     formats: "CacheFormats" = None                 # encode/decode of swa, entries and index records
+    # Prefix caching (model_executor/prefix_state.py): per-block copies of the slot state at the block's end.
+    swa_snap: dict = field(default_factory=dict)    # layer -> [blocks * min(W, block_size), record]
+    state_snap: dict = field(default_factory=dict)  # (layer, "main"|"index") -> [blocks * ratio, 2 * width]
+    state_snap_spec: dict = field(default_factory=dict)  # same keys -> the compressor's (ratio, ring, overlap)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class LayerIO:
     fmt: "CacheFormats"                         # record formats of the stores (plain or compact)
     state: torch.Tensor | None = None           # own compressor state ring (read + written)
     index_state: torch.Tensor | None = None     # own V4 indexer-compressor state ring
+    swa_snap: torch.Tensor | None = None        # prefix-cache snapshot stores of the rings above
+    state_snap: torch.Tensor | None = None
+    index_state_snap: torch.Tensor | None = None
     entries: torch.Tensor | None = None         # entry pool attention reads (written by its owner)
     index_keys: torch.Tensor | None = None      # index-key pool the indexer reads (written by its owner)
     topk: torch.Tensor | None = None            # selection reused from the index source layer

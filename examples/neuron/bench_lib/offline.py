@@ -34,6 +34,7 @@ class EngineArgs:
     attention_tp_size: int | None = None
     num_speculative_tokens: int = 0
     speculative_verify: str = "all"
+    enable_prefix_caching: bool = True
 
 
 class OfflineDriver:
@@ -54,7 +55,7 @@ class OfflineDriver:
             context_parallel_size=args.context_parallel_size, expert_parallel_size=args.expert_parallel_size,
             attention_tp_size=args.attention_tp_size,
             num_speculative_tokens=args.num_speculative_tokens,
-            speculative_verify=args.speculative_verify))
+            speculative_verify=args.speculative_verify, enable_prefix_caching=args.enable_prefix_caching))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()
@@ -77,6 +78,10 @@ class OfflineDriver:
     def close(self) -> None:
         """Stop the engine's follower processes (cp / ep > 1)."""
         self.engine.close()
+
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens the engine found in its prefix cache so far."""
+        return self.engine.stats().prefix_cache_hits
 
     def spec_stats(self):
         """The engine's speculative-decoding counters now (spec/stats.SpecDecodeStats)."""
