@@ -36,6 +36,7 @@ import weakref
 from pathlib import Path
 
 from deepinfer.distributed import launch
+from deepinfer.distributed.follower_env import follower_environment
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
@@ -113,8 +114,7 @@ class LocalRanks:
         """Start this host's other ranks and the watchdog. on_failure(rank, code): called by the
         watchdog (on its thread) after it killed the other followers."""
         config = json.dumps(dataclasses.asdict(self.config))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        env = follower_environment(os.environ, _PACKAGE_ROOT)
         for local in range(1, self.per_node):
             rank = self.first_rank + local
             cmd = [sys.executable, "-m", "deepinfer.worker.follower", "--rank", str(rank),
