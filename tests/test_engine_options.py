@@ -32,6 +32,7 @@ OTHER_VALUES = {
     "block_size": 16,
     "enforce_eager": True,
     "warmup_graphs": True,
+    "compile_cache_dir": "/var/cache/neuron-graphs",
     "seed": 7,
     "skip_tokenizer_init": True,
     "kv_cache_memory_bytes": 12345,
