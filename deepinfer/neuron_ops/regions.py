@@ -1,14 +1,14 @@
 """Decoder layers compiled as regions, one compiled entry per layer kind (docs/neuron.md §5.2).
 
-The top level of the model stays eager. `RegionRunner.hook(bucket)` is the model's `run_layer` hook
-for a step: each decoder layer runs as one compiled region (attention half + MoE), or as three
-sub-regions (`SUB_REGIONS`: projections | indexer and attention | MoE) when the split policy says so
-for the step (`SPLIT_POLICIES`, DEEPINFER_NEURON_REGION_SPLIT; docs/neuron.md §4 B4, C5). The
-layer's code reads no layer id and
-gets its caches and cross-layer inputs through `LayerIO` (models/v4_common.py), so every layer of
-a kind runs the same graph: each kind gets its own function object (its own Dynamo cache), whose
-entries are one graph per static shape (bucket). The graph count is kinds x buckets, independent of
-the number of layers (docs/neuron.md §4 F1).
+The top level of the model stays eager. `RegionRunner.hook(num_seqs, num_tokens)` is the model's
+`run_layer` hook for a step of that bucket: each decoder layer runs as one compiled region (attention
+half + MoE), or as three sub-regions (`SUB_REGIONS`: projections | indexer and attention | MoE) when
+the split policy says so for the step (`SPLIT_POLICIES`, DEEPINFER_NEURON_REGION_SPLIT;
+docs/neuron.md §4 B4, C5). The layer's code reads no layer id and gets its caches and cross-layer
+inputs through `LayerIO` (models/v4_common.py), so every layer of a kind runs the same graph: each
+(kind, region) gets its own function object (its own Dynamo cache), whose entries are one graph per
+static shape (bucket). The graph count is kinds x buckets x regions a bucket, independent of the
+number of layers (docs/neuron.md §4 F1; counted ahead by platforms/neuron/compile_plan.py).
 
 Backends: host mode "aot_eager" (reproduces Dynamo guards, graph breaks and AOTAutograd alias
 checks) or "inductor"; device mode "neuron" (torch-neuronx, imported lazily). Every graph is also
@@ -127,7 +127,7 @@ class RegionStats:
 
 
 class RegionRunner:
-    """`run_layer` hook for DeepseekV4Model.forward: compiled regions per layer kind."""
+    """`run_layer` hooks for DeepseekV4Model.forward: compiled regions per layer kind."""
 
     def __init__(self, backend: str = "aot_eager", split: str = "never", fullgraph: bool = True):
         """split: the policy of SPLIT_POLICIES (the platform passes DEEPINFER_NEURON_REGION_SPLIT)."""

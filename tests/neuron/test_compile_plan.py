@@ -115,3 +115,14 @@ def test_never_and_always_policies():
     assert compile_plan(spec, kinds, "always").counts("region") == {r: 4 for r in sorted(SUB_REGIONS)}
     with pytest.raises(ValueError, match="multi_row"):
         RegionRunner("aot_eager", split="sometimes")
+
+
+def test_plan_script_prints_and_writes_the_v41_flash_plan(defaults, tmp_path, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("compile_plan_script", ROOT / "examples/neuron/compile_plan.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "plan.json"
+    assert script.main(["--config", str(V41_FLASH), "--nextn", "5", "--json", str(out)]) == 0
+    assert "121 region graphs to compile" in capsys.readouterr().out
+    assert json.loads(out.read_text())["by_step"] == {"decode": 22, "prefill": 33, "verify": 66}

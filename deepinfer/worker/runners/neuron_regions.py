@@ -47,7 +47,9 @@ class NeuronRegionStrategy(RunnerStrategy):
             from deepinfer.neuron_ops.regions import layer_kind
             from deepinfer.platforms.neuron.compile_plan import compile_plan
             self.plan = compile_plan(buckets, [layer_kind(layer) for layer in model.layers], self.regions.split)
-            logger.info("Neuron compile plan: %s", self.plan.describe())
+            # one line a host: every rank of it compiles the same plan
+            log = logger.info if getattr(platform, "rank", 0) == 0 else logger.debug
+            log("Neuron compile plan: %s", self.plan.describe())
 
     def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
         return self.buckets.select(chunks)
