@@ -61,3 +61,32 @@ def test_engine_option_is_validated():
     assert EngineConfig(model="m", compile_cache_dir="/tmp/x").compile_cache_dir == "/tmp/x"
     with pytest.raises(ValueError, match="compile_cache_dir"):
         EngineConfig(model="m", compile_cache_dir="")
+
+
+def test_warm_up_reports_the_cache_without_claiming_device_work(monkeypatch, tmp_path, caplog):
+    """Host mode: the cache line says nothing was written; device mode counts the NEFF files the
+    compiler added (here written by the test in place of neuronx-cc)."""
+    import logging
+
+    from deepinfer.model_executor.static_step import BucketSpec
+    from deepinfer.neuron_ops.regions import RegionRunner
+    from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
+    from model_helpers import Seqs, tiny_config, tiny_model
+
+    spec = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=16)
+    host = NeuronPlatform(host=True)
+    host.validate_config(SimpleNamespace(compile_cache_dir=str(tmp_path / "c"), **ENGINE), None)
+    model = tiny_model(tiny_config("v4", 2), host)
+    s = Seqs(model, NeuronRegionStrategy, [[0, 5]], platform=host, buckets=spec, regions=RegionRunner("aot_eager"))
+    planned = s.strategy.plan.graph_count
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        s.strategy._log_warm_up(planned, 1.0, host.compile_cache_dir, 0)
+    assert f"nothing written to the compile cache {tmp_path / 'c'}" in caplog.text
+    assert not (tmp_path / "c").exists()
+    caplog.clear()
+    monkeypatch.setattr(host, "is_host_mode", False)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "g.neff").write_text("x")
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        s.strategy._log_warm_up(planned, 1.0, str(tmp_path / "c"), 0)
+    assert "gained 1 NEFF files" in caplog.text and f"{planned - 1} traced graphs were served" in caplog.text

@@ -84,8 +84,11 @@ class NeuronRegionStrategy(RunnerStrategy):
         compiled the rest); on a device the NEFF files the compiler added to the cache count the
         graphs neuronx-cc compiled rather than read back."""
         planned = self.plan.graph_count
+        if compiled > planned:
+            logger.warning("warm-up compiled %d region graphs, more than the %d planned: the compile plan "
+                           "(platforms/neuron/compile_plan.py) misses some", compiled, planned)
         logger.info("warm-up: %d of the %d planned region graphs traced and compiled in %.1f s, %d already "
-                    "compiled in this process", compiled, planned, seconds, planned - compiled)
+                    "compiled in this process", compiled, planned, seconds, max(0, planned - compiled))
         if cache_dir is None:
             return
         if self.platform.is_host_mode:
