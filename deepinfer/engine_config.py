@@ -91,6 +91,11 @@ class EngineConfig:
     warmup_graphs: bool = _option(
         False, help="compile (Neuron) or capture (CUDA) every bucket's graph when the engine starts "
                     "instead of on a bucket's first step")
+    compile_cache_dir: str | None = _option(
+        None, value_type=str,
+        default_text="$DEEPINFER_NEURON_COMPILE_CACHE_DIR, else ~/.cache/deepinfer/neuron-compile",
+        help="Neuron: directory of the compiler's persistent cache, so graphs compiled once are reused "
+             "by later runs and by every rank of the host")
     seed: int = _option(0, help="engine seed (sampling of unseeded requests)")
     skip_tokenizer_init: bool = _option(
         False, help="load no tokenizer: prompts must be token ids and outputs carry no text")
@@ -167,6 +172,10 @@ class EngineConfig:
         for name in ("enforce_eager", "warmup_graphs", "skip_tokenizer_init"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.compile_cache_dir is not None and (not isinstance(self.compile_cache_dir, str)
+                                                   or not self.compile_cache_dir):
+            raise ValueError(f"compile_cache_dir must be a non-empty path string or None, got "
+                             f"{self.compile_cache_dir!r}")
         _check_int("seed", self.seed, 0, (1 << 63) - 1)
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
         if self.kv_cache_mode not in _KV_CACHE_MODES:

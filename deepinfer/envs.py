@@ -91,15 +91,27 @@ ENV_VARS: list[EnvVar] = [
     EnvVar("DEEPINFER_NEURON_HOST", False, "bool",
            "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists. Without a "
            "device, neuron is always host mode."),
+    EnvVar("DEEPINFER_NEURON_ROW_BUCKETS", None, "int_list",
+           "Decode row buckets of the Neuron graphs, e.g. 1,2,4,8,16,32,64; the largest must be >= "
+           "max_num_seqs. Unset: 8 and the next power of two >= max_num_seqs."),
     EnvVar("DEEPINFER_NEURON_CTX_BUCKETS", None, "int_list",
            "Context-length buckets of the Neuron graphs, e.g. 1024,4096,16384; the largest must be >= "
-           "max_model_len. Unset: powers of two from 64, capped at max_model_len."),
+           "max_model_len. Unset: max_model_len alone."),
     EnvVar("DEEPINFER_NEURON_PREFILL_BUCKET", None, "int_list",
            "Prompt-chunk buckets (tokens) compiled for Neuron, e.g. 128,512, each at most "
            "max_num_batched_tokens; a prompt step runs in the smallest that holds it (one graph per "
            "bucket x context bucket x layer kind). Unset: max_num_batched_tokens."),
-    EnvVar("DEEPINFER_NEURON_REGION_SPLIT", False, "bool",
-           "Compile the attention half and the MoE of a layer as two regions instead of one."),
+    EnvVar("DEEPINFER_NEURON_REGION_SPLIT", "multi_row", "choice",
+           "How Neuron region graphs cut a decoder layer: multi_row runs steps where a sequence feeds "
+           "several tokens (prompt chunks, verification) as three sub-regions (projections, indexer and "
+           "attention, MoE) and decode steps as one region a layer; never: one region a layer always; "
+           "always: sub-regions for every step.",
+           ("multi_row", "never", "always")),
+    EnvVar("DEEPINFER_NEURON_COMPILE_CACHE_DIR", None, "str",
+           "Persistent compile cache of the Neuron graphs when the engine's compile_cache_dir is not "
+           "given. Unset: ~/.cache/deepinfer/neuron-compile ($XDG_CACHE_HOME/deepinfer/neuron-compile). "
+           "Device mode hands it to torch-neuronx (TORCH_NEURONX_NEFF_CACHE_DIR, NEURON_COMPILE_CACHE_URL, "
+           "unless already set); host mode only records it."),
     EnvVar("DEEPINFER_NEURON_FP8_GUARD", False, "bool",
            "Log every unsafe float8 op (cat, stack, advanced index, gather, scatter, where) with its call "
            "site: eager code through a TorchFunctionMode, compiled regions by scanning their graphs."),

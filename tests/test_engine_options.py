@@ -33,6 +33,7 @@ OTHER_VALUES = {
     "enforce_eager": True,
     "enable_prefix_caching": False,
     "warmup_graphs": True,
+    "compile_cache_dir": "/var/cache/neuron-graphs",
     "seed": 7,
     "skip_tokenizer_init": True,
     "kv_cache_memory_bytes": 12345,

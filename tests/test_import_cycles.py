@@ -114,12 +114,14 @@ RUNTIME = ("deepinfer", "serve")
 ABOVE_MODEL = ("deepinfer.worker", "deepinfer.engine", "deepinfer.entrypoints", "deepinfer.platforms",
                "deepinfer.serve", "deepinfer.tools", "deepinfer.cli", "deepinfer.executor", "deepinfer.spec", "serve")
 # distributed -> model_executor edges that remain: the step codec encodes the model's step types
-# (StepInputs, CompressMeta, Bucket) for the follower ranks, and the shared Engram tables are filled
+# (StepInputs, CompressMeta, Bucket, the prefix-cache copies) for the follower ranks, and the shared Engram tables are filled
 # through the loader. Each closes the package circle model_executor -> distributed (collectives,
 # groups, layout) -> model_executor; the list may only shrink.
 DISTRIBUTED_TO_MODEL_EXCEPTIONS = {
     ("deepinfer.distributed.step_codec", "deepinfer.model_executor.forward_meta"),
     ("deepinfer.distributed.step_codec", "deepinfer.model_executor.static_step"),
+    # the prefix-cache copies StepInputs carries (PrefixStateIO, StateCopies): step types like the rest
+    ("deepinfer.distributed.step_codec", "deepinfer.model_executor.prefix_state"),
     ("deepinfer.distributed.shared_tables", "deepinfer.model_executor.loader"),
 }
 

@@ -42,6 +42,7 @@ import weakref
 from pathlib import Path
 
 from deepinfer.distributed import host_links, launch
+from deepinfer.distributed.follower_env import follower_environment
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
@@ -108,8 +109,7 @@ class LocalRanks:
         """Start this host's other ranks and the watchdog. on_failure(RankFailure): called by the
         watchdog (on its thread) after it killed the other followers (as `add_listener`)."""
         config = json.dumps(dataclasses.asdict(self.config))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        env = follower_environment(os.environ, _PACKAGE_ROOT)
         for local in range(1, self.per_node):
             rank = self.first_rank + local
             cmd = [sys.executable, "-m", "deepinfer.executor.follower", "--rank", str(rank),

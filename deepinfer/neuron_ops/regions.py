@@ -1,12 +1,14 @@
 """Decoder layers compiled as regions, one compiled entry per layer kind (docs/neuron.md §5.2).
 
-The top level of the model stays eager. `RegionRunner` is the model's `run_layer` hook: it runs
-each decoder layer as one compiled region (attention half + MoE), or as two (attention half, MoE
-half) with `split=True` (DEEPINFER_NEURON_REGION_SPLIT). The layer's code reads no layer id and
-gets its caches and cross-layer inputs through `LayerIO` (models/v4_common.py), so every layer of
-a kind runs the same graph: each kind gets its own function object (its own Dynamo cache), whose
-entries are one graph per static shape (bucket). The graph count is kinds x buckets, independent of
-the number of layers (docs/neuron.md §4 F1).
+The top level of the model stays eager. `RegionRunner.hook(num_seqs, num_tokens)` is the model's
+`run_layer` hook for a step of that bucket: each decoder layer runs as one compiled region (attention
+half + MoE), or as three sub-regions (`SUB_REGIONS`: projections | indexer and attention | MoE) when
+the split policy says so for the step (`SPLIT_POLICIES`, DEEPINFER_NEURON_REGION_SPLIT;
+docs/neuron.md §4 B4, C5). The layer's code reads no layer id and gets its caches and cross-layer
+inputs through `LayerIO` (models/v4_common.py), so every layer of a kind runs the same graph: each
+(kind, region) gets its own function object (its own Dynamo cache), whose entries are one graph per
+static shape (bucket). The graph count is kinds x buckets x regions a bucket, independent of the
+number of layers (docs/neuron.md §4 F1; counted ahead by platforms/neuron/compile_plan.py).
 
 Backends: host mode "aot_eager" (reproduces Dynamo guards, graph breaks and AOTAutograd alias
 checks) or "inductor"; device mode "neuron" (torch-neuronx, imported lazily). Every graph is also
@@ -33,16 +35,25 @@ _INT32 = (-(2 ** 31), 2 ** 31 - 1)
 
 def layer_kind(layer) -> tuple:
     """The static facts that select a layer's region graph (everything the traced code branches on)."""
-    a, ffn = layer.attn, layer.ffn
-    idx = getattr(a, "indexer", None)
+    ffn = layer.ffn
     engram = getattr(layer, "engram", None)
+    facts = dict(hashed=ffn.hashed, n_experts=ffn.n_experts, topk=ffn.topk, is_target=layer.is_target,
+                 is_shared_hidden_source=layer.is_shared_hidden_source)
+    return kind_key(type(layer).__name__, layer.attn, facts,
+                    None if engram is None else tuple(engram.embed.weight.shape))
+
+
+def kind_key(layer_type: str, a, facts: dict, engram_shape: tuple | None) -> tuple:
+    """layer_kind from its parts: the layer's class name, its Attention, its `layer_facts`
+    (models/deepseek_v4.py) and the shape of its Engram table (None without one)."""
+    idx = getattr(a, "indexer", None)
     return (
-        type(layer).__name__, a.kind, a.ratio, a.comp_key, a.src_comp_key, a.is_index_source,
+        layer_type, a.kind, a.ratio, a.comp_key, a.src_comp_key, a.is_index_source,
         idx is not None and hasattr(idx, "wk"), idx is not None and hasattr(idx, "compressor"),
         a.uses_shared_hidden, a.candidate_source, a.candidate_consumer,
-        layer.is_target, layer.is_shared_hidden_source,
-        ffn.hashed, ffn.n_experts, ffn.topk,
-        None if engram is None else tuple(engram.embed.weight.shape),
+        facts["is_target"], facts["is_shared_hidden_source"],
+        facts["hashed"], facts["n_experts"], facts["topk"],
+        engram_shape,
     )
 
 
@@ -58,12 +69,37 @@ def int64_constant_sites(gm: torch.fx.GraphModule) -> list[str]:
     return out
 
 
-def _whole(layer, x, prev_pre, ctx, io):
+# multi_row: split the steps where a sequence feeds several tokens (prompt chunks, verification):
+# a 128-token chunk's attention ran 122 -> 62 ms a layer split, and the compiler segfaulted on
+# multi-row projections merged with the indexer, while one-token decode rows are fastest whole
+# (docs/neuron.md §4 B4, C5). never / always: one region a layer, or sub-regions for every step.
+SPLIT_POLICIES = ("multi_row", "never", "always")
+WHOLE = ("layer",)
+SUB_REGIONS = ("projections", "attention", "ffn")
+
+
+def splits(policy: str, num_seqs: int, num_tokens: int) -> bool:
+    """Whether a step of this bucket runs its layers as SUB_REGIONS under `policy`."""
+    if policy not in SPLIT_POLICIES:
+        raise ValueError(f"region split policy: expected one of {'|'.join(SPLIT_POLICIES)}, got {policy!r}")
+    return policy == "always" or (policy == "multi_row" and num_tokens > num_seqs)
+
+
+def regions_of_step(policy: str, num_seqs: int, num_tokens: int) -> tuple[str, ...]:
+    """The region names one layer runs as in a step of this bucket."""
+    return SUB_REGIONS if splits(policy, num_seqs, num_tokens) else WHOLE
+
+
+def _layer(layer, x, prev_pre, ctx, io):
     return layer(x, prev_pre, ctx, io)
 
 
-def _attn(layer, x, prev_pre, ctx, io):
-    return layer.attn_half(x, prev_pre, ctx, io)
+def _projections(layer, x, prev_pre, ctx, io):
+    return layer.attn_in(x, prev_pre, ctx, io)
+
+
+def _attention(layer, staged, ctx, io):
+    return layer.attn_out(*staged, ctx, io)
 
 
 def _ffn(layer, x, pre, ctx):
@@ -80,6 +116,7 @@ def _fresh(fn, tag: str):
 @dataclass
 class RegionStats:
     graphs: Counter = field(default_factory=Counter)      # kind index -> graphs compiled
+    regions: Counter = field(default_factory=Counter)     # region name (WHOLE, SUB_REGIONS) -> graphs
     kinds: list = field(default_factory=list)             # kind index -> layer_kind tuple
     fp8_sites: list = field(default_factory=list)
     int64_sites: list = field(default_factory=list)
@@ -90,11 +127,13 @@ class RegionStats:
 
 
 class RegionRunner:
-    """`run_layer` hook for DeepseekV4Model.forward: compiled regions per layer kind."""
+    """`run_layer` hooks for DeepseekV4Model.forward: compiled regions per layer kind."""
 
-    def __init__(self, backend: str = "aot_eager", split: bool = False, fullgraph: bool = True):
+    def __init__(self, backend: str = "aot_eager", split: str = "never", fullgraph: bool = True):
+        """split: the policy of SPLIT_POLICIES (the platform passes DEEPINFER_NEURON_REGION_SPLIT)."""
         if backend not in ("aot_eager", "inductor", "eager", "neuron"):
             raise ValueError(f"backend: expected aot_eager, inductor, eager or neuron, got {backend!r}")
+        splits(split, 1, 1)   # rejects an unknown policy
         self.backend, self.split, self.fullgraph = backend, split, fullgraph
         self.stats = RegionStats()
         self._kind_of = weakref.WeakKeyDictionary()   # layer -> kind index (ids get reused)
@@ -102,7 +141,7 @@ class RegionRunner:
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
 
-    def _backend_for(self, kind: int):
+    def _backend_for(self, kind: int, region: str):
         if self.backend == "neuron":
             import torch_neuronx  # noqa: F401  (registers the "neuron" backend; device only)
         from torch._dynamo.backends.registry import lookup_backend
@@ -111,9 +150,11 @@ class RegionRunner:
 
         def backend(gm, example_inputs):
             stats.graphs[kind] += 1
+            stats.regions[region] += 1
             stats.fp8_sites += graph_fp8_sites(gm)
             stats.int64_sites += int64_constant_sites(gm)
-            logger.debug("region graph: kind %d (%s), %d nodes", kind, stats.kinds[kind], len(gm.graph.nodes))
+            logger.debug("region graph: %s of kind %d (%s), %d nodes", region, kind, stats.kinds[kind],
+                         len(gm.graph.nodes))
             return inner(gm, example_inputs)
         return backend
 
@@ -125,18 +166,23 @@ class RegionRunner:
                 self.stats.kinds.append(key)
             k = self._kind_of[layer] = self.stats.kinds.index(key)
         if k not in self._fns:
-            opts = dict(backend=self._backend_for(k), fullgraph=self.fullgraph, dynamic=False)
-            fns = (_whole, _attn, _ffn)
-            self._fns[k] = tuple(torch.compile(_fresh(f, f"kind{k}"), **opts) for f in fns)
+            fns = zip(WHOLE + SUB_REGIONS, (_layer, _projections, _attention, _ffn))
+            self._fns[k] = tuple(torch.compile(_fresh(f, f"kind{k}"), backend=self._backend_for(k, name),
+                                               fullgraph=self.fullgraph, dynamic=False) for name, f in fns)
         return self._fns[k]
 
     @property
     def num_kinds(self) -> int:
         return len(self.stats.kinds)
 
-    def __call__(self, layer, x, prev_pre, ctx, io):
-        whole, attn, ffn = self._compiled(layer)
-        if not self.split:
-            return whole(layer, x, prev_pre, ctx, io)
-        x, pre = attn(layer, x, prev_pre, ctx, io)
+    def hook(self, num_seqs: int, num_tokens: int):
+        """The `run_layer` hook of a step padded to (num_seqs, num_tokens): whole layers or sub-regions."""
+        return self.run_split if splits(self.split, num_seqs, num_tokens) else self.run_whole
+
+    def run_whole(self, layer, x, prev_pre, ctx, io):
+        return self._compiled(layer)[0](layer, x, prev_pre, ctx, io)
+
+    def run_split(self, layer, x, prev_pre, ctx, io):
+        _, projections, attention, ffn = self._compiled(layer)
+        x, pre = attention(layer, projections(layer, x, prev_pre, ctx, io), ctx, io)
         return ffn(layer, x, pre, ctx)

@@ -32,10 +32,11 @@ def test_env_vars_are_resolved_at_construction(monkeypatch):
     monkeypatch.setenv("DEEPINFER_NEURON_COMPILE_BACKEND", "inductor")
     monkeypatch.setenv("DEEPINFER_NEURON_CTX_BUCKETS", "512,128")
     monkeypatch.setenv("DEEPINFER_NEURON_PREFILL_BUCKET", "64,16")
-    monkeypatch.setenv("DEEPINFER_NEURON_REGION_SPLIT", "1")
+    monkeypatch.setenv("DEEPINFER_NEURON_REGION_SPLIT", "always")
+    monkeypatch.setenv("DEEPINFER_NEURON_ROW_BUCKETS", "8,1,2,4")
     p = NeuronPlatform(host=True)
     monkeypatch.delenv("DEEPINFER_NEURON_CTX_BUCKETS")
-    assert (p.compile_backend, p.ctx_buckets, p.prefill_bucket, p.region_split) == ("inductor", [128, 512], [16, 64], True)
+    assert (p.compile_backend, p.ctx_buckets, p.prefill_bucket, p.region_split) == ("inductor", [128, 512], [16, 64], "always")
     spec = p.bucket_spec(SimpleNamespace(max_num_seqs=6, max_num_batched_tokens=64, max_model_len=512))
     assert spec.batch == (1, 2, 4, 8) and spec.contexts == (128, 512) and spec.prefill_tokens == (16, 64)
 
@@ -51,7 +52,9 @@ def test_bucket_spec_comes_from_the_engine_config_and_bad_buckets_are_rejected(m
     p = NeuronPlatform(host=True)
     p.validate_config(eng, None)
     spec = p.bucket_spec(eng)
-    assert spec.batch == (1, 2, 4) and spec.prefill_tokens == (48,) and spec.max_model_len == 300
+    # default buckets (docs/neuron.md §5.10): rows min(8, R) and R = next_pow2(max_num_seqs), one context
+    assert spec.batch == (4,) and spec.prefill_tokens == (48,) and spec.max_model_len == 300
+    assert spec.contexts == (300,)
     monkeypatch.setenv("DEEPINFER_NEURON_CTX_BUCKETS", "128,256")
     with pytest.raises(ValueError, match="DEEPINFER_NEURON_CTX_BUCKETS.*max_model_len"):
         NeuronPlatform(host=True).validate_config(eng, None)

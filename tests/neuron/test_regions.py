@@ -112,16 +112,17 @@ def test_graph_count_does_not_grow_with_layers(regions, kind):
 
 
 def test_split_regions_run_a_prompt_as_a_decode_shaped_step():
-    """DEEPINFER_NEURON_REGION_SPLIT: attention half and MoE as two graphs per kind; a prompt chunk
-    padded to the prefill bucket runs through the same regions as decode-layout rows."""
+    """DEEPINFER_NEURON_REGION_SPLIT=always: projections, indexer + attention and MoE as three graphs
+    per kind; a prompt chunk padded to the prefill bucket runs through the same regions as
+    decode-layout rows."""
     model = tiny_model(tiny_config("v4", 2), HOST)
-    split = RegionRunner("aot_eager", split=True)
+    split = RegionRunner("aot_eager", split="always")
     s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=split)
     ref = Seqs(model, EagerStrategy, PROMPTS)
     sizes = {0: len(PROMPTS[0]), 1: len(PROMPTS[1])}
     got, want = s.step(sizes), ref.step(sizes)
     assert (got - want).abs().max().item() < 1e-4
-    assert split.stats.total_graphs == 2 * _kinds(model) and s.strategy.buckets_seen == {(16, 64)}
+    assert split.stats.total_graphs == 3 * _kinds(model) and s.strategy.buckets_seen == {(16, 64)}
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])

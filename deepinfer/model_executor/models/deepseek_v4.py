@@ -24,6 +24,17 @@ from deepinfer.model_executor.models.v4_ffn import Engram, MoE
 from deepinfer.model_executor.shard_plan import ShardPlan
 
 
+def layer_facts(cfg, layer: int, draft: bool = False) -> dict:
+    """A decoder layer's static facts outside its attention, from the config alone: the layer is
+    built from them, and the Neuron compile plan reads them without building the model
+    (platforms/neuron/compile_plan.py)."""
+    return dict(hashed=(not draft) and bool(cfg.hash_moe[layer]),
+                n_experts=cfg.dspark_n_routed_experts if draft else cfg.n_routed_experts,
+                topk=cfg.dspark_num_experts_per_tok if draft else cfg.n_experts_per_tok,
+                is_target=(not draft) and cfg.is_v41 and layer in set(cfg.dspark_target_layer_ids or []),
+                is_shared_hidden_source=(not draft) and cfg.is_v41 and layer == cfg.n_prefill_layer)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, layer: int, dtype, draft: bool = False, engram_spec=None, shard=None):
         """shard: (ShardPlan, ParallelGroups) of a rank of a split model, None for the whole model."""
@@ -39,18 +50,17 @@ class DecoderLayer(nn.Module):
         lanes = plan is not None and plan.layout.attn_tp > 1
         self.attn = Attention(cfg, layer, dtype, draft=draft, heads=plan.heads if lanes else None,
                               lane=groups.lane if lanes else None)
-        hashed = (not draft) and bool(cfg.hash_moe[layer])
-        n_experts = cfg.dspark_n_routed_experts if draft else cfg.n_routed_experts
-        topk = cfg.dspark_num_experts_per_tok if draft else cfg.n_experts_per_tok
+        facts = layer_facts(cfg, layer, draft)
+        n_experts = facts["n_experts"]
         ep = {}
         if plan is not None and plan.layout.ep > 1:
             ep = dict(experts=plan.experts(n_experts), ep=groups.ep,
                       tokens_replicated=plan.layout.tokens_replicated_in_ep)
-        self.ffn = MoE(cfg, hashed, dtype, n_experts, topk, **ep)
+        self.ffn = MoE(cfg, facts["hashed"], dtype, n_experts, facts["topk"], **ep)
         if engram_spec is not None and layer in engram_spec.layers:
             self.engram = Engram(cfg, layer, engram_spec.layer(layer).num_rows, dtype, engram_spec)
-        self.is_target = (not draft) and cfg.is_v41 and layer in set(cfg.dspark_target_layer_ids or [])
-        self.is_shared_hidden_source = (not draft) and cfg.is_v41 and layer == cfg.n_prefill_layer
+        self.is_target = facts["is_target"]
+        self.is_shared_hidden_source = facts["is_shared_hidden_source"]
 
     def layer_io(self, ctx: StepContext) -> LayerIO:
         """This layer's caches and cross-layer inputs (eager: the only place that uses the layer id)."""
@@ -91,6 +101,11 @@ class DecoderLayer(nn.Module):
 
     def attn_half(self, x: torch.Tensor, prev_pre: torch.Tensor | None, ctx: StepContext, io: LayerIO):
         """Engram, HC mix and the attention block; returns the trunk and the attention pre weights."""
+        return self.attn_out(*self.attn_in(x, prev_pre, ctx, io), ctx, io)
+
+    def attn_in(self, x: torch.Tensor, prev_pre: torch.Tensor | None, ctx: StepContext, io: LayerIO):
+        """Engram, HC mix, norm and the attention projections (`Attention.project`): what `attn_out`
+        takes, as a tuple of tensors (a region boundary, docs/neuron.md §5.2)."""
         cfg, k = self.cfg, ctx.k
         eps, he, it = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
         if hasattr(self, "engram"):
@@ -102,7 +117,13 @@ class DecoderLayer(nn.Module):
         h = ctx.k.rms_norm(u, self.attn_norm.weight, eps)
         if self.is_shared_hidden_source:
             io.shared_hidden_out = h
-        x = k.hc_post(x, self.attn(h, ctx, io), post, comb)
+        cq, q, kv = self.attn.project(h, ctx, io)
+        return x, pre, post, comb, h, cq, q, kv
+
+    def attn_out(self, x, pre, post, comb, h, cq, q, kv, ctx: StepContext, io: LayerIO):
+        """Indexer, attention and output projection (`Attention.attend`), HC post; returns the trunk
+        and the attention pre weights."""
+        x = ctx.k.hc_post(x, self.attn.attend(h, cq, q, kv, ctx, io), post, comb)
         return x, pre
 
     def ffn_half(self, x: torch.Tensor, pre: torch.Tensor, ctx: StepContext):

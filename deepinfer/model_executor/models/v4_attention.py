@@ -192,7 +192,13 @@ class Attention(nn.Module):
         return sel
 
     def forward(self, h: torch.Tensor, ctx: StepContext, io: LayerIO) -> torch.Tensor:
-        cfg, step = self.cfg, ctx.step
+        return self.attend(h, *self.project(h, ctx, io), ctx, io)
+
+    def project(self, h: torch.Tensor, ctx: StepContext, io: LayerIO):
+        """The projections: query latent cq, RoPE'd queries q [T, heads, d] and key/value kv [T, d],
+        and this step's compressed entries and index keys written to their caches. A stage of its
+        own: neuronx-cc crashed on multi-row graphs merging it with the indexer (docs/neuron.md §4 B4)."""
+        cfg = self.cfg
         t = h.shape[0]
         nh, d = self.n_heads, cfg.head_dim
         cq = ctx.k.rms_norm(linear_mm(h, self.wq_a, ctx.k), self.q_norm.weight, cfg.rms_norm_eps)
@@ -203,7 +209,19 @@ class Attention(nn.Module):
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
         kv = ctx.k.rope(ctx.k.rms_norm(linear_mm(h, self.wkv, ctx.k), self.kv_norm.weight, cfg.rms_norm_eps),
                         cos, sin)
+        if self.ratio > 0 and self.comp_key is not None:
+            h_src = io.shared_hidden if self.uses_shared_hidden else h
+            self._compress(h_src, ctx, io)
+        return cq, q, kv
 
+    def attend(self, h: torch.Tensor, cq: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, ctx: StepContext,
+               io: LayerIO) -> torch.Tensor:
+        """Indexer, sparse attention over the window and the selected entries, window write, output
+        projection (summed over the lane)."""
+        cfg, step = self.cfg, ctx.step
+        t = h.shape[0]
+        d = cfg.head_dim
+        cos, sin = ctx.rope(self.rope_kind)
         ring = io.swa
         # this step's rows go through the record format too, so they read back as later steps see them
         full = torch.cat([ring, io.fmt.swa.encode(kv)])
@@ -212,9 +230,6 @@ class Attention(nn.Module):
             prefix_state.snapshot(io.swa_snap, step.prefix.swa, ring, kv, full)
         valid = step.swa_valid
         if self.ratio > 0:
-            if self.comp_key is not None:
-                h_src = io.shared_hidden if self.uses_shared_hidden else h
-                self._compress(h_src, ctx, io)
             meta = step.comp[self.src_comp_key]
             sel = self._select(h, cq, ctx, meta, io)
             sel_ok = sel >= 0

@@ -20,7 +20,8 @@ from deepinfer import envs
 from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.neuron_ops.fp8 import ACT_FP8_MAX
 from deepinfer.platforms.interface import Platform
-from deepinfer.platforms.neuron.buckets import batch_buckets
+from deepinfer.platforms.neuron import compile_cache
+from deepinfer.platforms.neuron.buckets import default_context_buckets, default_row_buckets
 
 # docs/neuron.md §7, §2.3: let neuronx-cc read torch's float8_e4m3fn bytes as trn2's IEEE e4m3.
 FP8_COMPILER_FLAG = "--internal-hlo2tensorizer-options=--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
@@ -55,13 +56,15 @@ class NeuronPlatform(Platform):
         self.is_host_mode = host
         self.dist_backend = "gloo" if host else "neuron"
         self.compile_backend = envs.get("DEEPINFER_NEURON_COMPILE_BACKEND") if host else "neuron"
-        self.region_split = bool(envs.get("DEEPINFER_NEURON_REGION_SPLIT"))
+        self.region_split = envs.get("DEEPINFER_NEURON_REGION_SPLIT")
+        self.row_buckets = envs.get("DEEPINFER_NEURON_ROW_BUCKETS")
         self.ctx_buckets = envs.get("DEEPINFER_NEURON_CTX_BUCKETS")
         self.prefill_bucket = envs.get("DEEPINFER_NEURON_PREFILL_BUCKET")
         self.fp8_guard = bool(envs.get("DEEPINFER_NEURON_FP8_GUARD"))
         # host mode only: run the NKI kernels in the interpreter (device mode runs them on the core)
         self.simulate_kernels = host and envs.get("DEEPINFER_NEURON_KERNELS") == "simulate"
         self.rank = 0
+        self.compile_cache_dir: str | None = None   # set from the engine config (validate_config)
 
     # -- device -------------------------------------------------------------------------------
     @property
@@ -88,12 +91,15 @@ class NeuronPlatform(Platform):
         return [FP8_COMPILER_FLAG]
 
     def configure_compiler(self) -> None:
-        """Append our flags to NEURON_CC_FLAGS (device mode; keeps what the user set)."""
+        """Append our flags to NEURON_CC_FLAGS and point the compiler's persistent cache at
+        compile_cache_dir (device mode; keeps what the user set)."""
         flags = os.environ.get("NEURON_CC_FLAGS", "").split()
         for f in self.compiler_flags():
             if f not in flags:
                 flags.append(f)
         os.environ["NEURON_CC_FLAGS"] = " ".join(flags)
+        if self.compile_cache_dir is not None:
+            compile_cache.configure_device_cache(self.compile_cache_dir, os.environ)
 
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner
@@ -102,19 +108,25 @@ class NeuronPlatform(Platform):
         return RegionRunner(backend=self.compile_backend, split=self.region_split)
 
     def bucket_spec(self, engine_config) -> BucketSpec:
-        """Row buckets (powers of two up to max_num_seqs), context buckets (DEEPINFER_NEURON_CTX_BUCKETS,
-        else powers of two up to max_model_len) and prompt-chunk buckets (DEEPINFER_NEURON_PREFILL_BUCKET,
-        else max_num_batched_tokens)."""
+        """Row buckets (DEEPINFER_NEURON_ROW_BUCKETS, else 8 and next_pow2(max_num_seqs)), context
+        buckets (DEEPINFER_NEURON_CTX_BUCKETS, else max_model_len) and prompt-chunk buckets
+        (DEEPINFER_NEURON_PREFILL_BUCKET, else max_num_batched_tokens): docs/neuron.md §5.10."""
         prefill = tuple(self.prefill_bucket) if self.prefill_bucket else (int(engine_config.max_num_batched_tokens),)
-        return BucketSpec(batch=batch_buckets(int(engine_config.max_num_seqs)),
-                          contexts=tuple(self.ctx_buckets) if self.ctx_buckets else None,
-                          prefill_tokens=prefill, max_model_len=engine_config.max_model_len,
+        rows = tuple(self.row_buckets) if self.row_buckets else default_row_buckets(int(engine_config.max_num_seqs))
+        contexts = tuple(self.ctx_buckets) if self.ctx_buckets else default_context_buckets(engine_config.max_model_len)
+        return BucketSpec(batch=rows, contexts=contexts, prefill_tokens=prefill,
+                          max_model_len=engine_config.max_model_len,
                           verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0))
 
     # -- config and kernels -----------------------------------------------------------------------
     def validate_config(self, engine_config, model_config) -> None:
-        """Reject bucket settings the engine's limits contradict."""
+        """Reject bucket settings the engine's limits contradict, and take the engine's compile cache
+        directory (before set_device, which hands it to the compiler)."""
         max_tokens, max_len = int(engine_config.max_num_batched_tokens), engine_config.max_model_len
+        if self.row_buckets and max(self.row_buckets) < int(engine_config.max_num_seqs):
+            raise ValueError(f"DEEPINFER_NEURON_ROW_BUCKETS: the largest bucket ({max(self.row_buckets)}) must be "
+                             f">= max_num_seqs ({engine_config.max_num_seqs})")
+        self.compile_cache_dir = compile_cache.resolve_dir(getattr(engine_config, "compile_cache_dir", None))
         if self.prefill_bucket and max(self.prefill_bucket) > max_tokens:
             raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: every bucket must be <= max_num_batched_tokens "
                              f"({max_tokens}), got {self.prefill_bucket}")

@@ -4,8 +4,9 @@ Per step: pick a bucket (model_executor/static_step.py BucketSpec), pad the chun
 (scratch slot 0 / block 0), build StepInputs on the host and give every data-dependent length a
 static size (BucketSpec.static_step), copy the metadata to the device once, then run the model with
 its decoder layers as compiled regions (neuron_ops/regions.py); the top level (embedding, head) stays
-eager. One graph per (token bucket, context bucket) and layer kind. A step that fits no bucket runs
-eagerly, unpadded.
+eager. One graph per (token bucket, context bucket), layer kind and region (a multi-row step may run
+a layer as several sub-regions: the split policy). A step that fits no bucket runs eagerly, unpadded.
+The graphs to compile are counted and logged before any is (platforms/neuron/compile_plan.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
+from deepinfer.platforms.neuron import compile_cache
 from deepinfer.worker.runners.base import RunnerStrategy
 
 logger = logging.getLogger(__name__)
@@ -40,6 +42,14 @@ class NeuronRegionStrategy(RunnerStrategy):
             self.fp8_guard = Fp8Guard()
         self._fp8_logged: set[str] = set()
         self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
+        self.plan = None
+        if self.regions is not None:
+            from deepinfer.neuron_ops.regions import layer_kind
+            from deepinfer.platforms.neuron.compile_plan import compile_plan
+            self.plan = compile_plan(buckets, [layer_kind(layer) for layer in model.layers], self.regions.split)
+            # one line a host: every rank of it compiles the same plan
+            log = logger.info if getattr(platform, "rank", 0) == 0 else logger.debug
+            log("Neuron compile plan: %s", self.plan.describe())
 
     def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
         return self.buckets.select(chunks)
@@ -60,10 +70,34 @@ class NeuronRegionStrategy(RunnerStrategy):
         traced from normal tensors would be traced again for the engine's inference tensors."""
         if self.regions is None:
             return 0
+        before, t0 = self.num_graphs, time.perf_counter()
+        cache_dir = getattr(self.platform, "compile_cache_dir", None)
+        neffs = compile_cache.neff_files(cache_dir)
         for bucket in self.buckets.all_buckets():
             step = self.buckets.static_step([], bucket, self.layout)
             self.forward(step_to(step, self.platform.device), cache, bucket)
+        self._log_warm_up(self.num_graphs - before, time.perf_counter() - t0, cache_dir, neffs)
         return self.num_graphs
+
+    def _log_warm_up(self, compiled: int, seconds: float, cache_dir: str | None, neffs_before: int) -> None:
+        """Compiled here vs already compiled: Dynamo counts this process's graphs (a shared RegionRunner
+        compiled the rest); on a device the NEFF files the compiler added to the cache count the
+        graphs neuronx-cc compiled rather than read back."""
+        planned = self.plan.graph_count
+        if compiled > planned:
+            logger.warning("warm-up compiled %d region graphs, more than the %d planned: the compile plan "
+                           "(platforms/neuron/compile_plan.py) misses some", compiled, planned)
+        logger.info("warm-up: %d of the %d planned region graphs traced and compiled in %.1f s, %d already "
+                    "compiled in this process", compiled, planned, seconds, max(0, planned - compiled))
+        if cache_dir is None:
+            return
+        if self.platform.is_host_mode:
+            logger.info("warm-up: host mode compiles with the CPU backend: nothing written to the compile cache "
+                        "%s (on a device it would hold the NEFFs of these %d graphs)", cache_dir, planned)
+        else:
+            added = compile_cache.neff_files(cache_dir) - neffs_before
+            logger.info("warm-up: the compile cache %s gained %d NEFF files (graphs neuronx-cc compiled); "
+                        "%d traced graphs were served without a new NEFF", cache_dir, added, max(0, compiled - added))
 
     def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         if bucket is None:
@@ -73,7 +107,7 @@ class NeuronRegionStrategy(RunnerStrategy):
             run_layer = None
         else:
             self.buckets_seen.add((bucket.num_tokens, bucket.context))
-            run_layer = self.regions
+            run_layer = None if self.regions is None else self.regions.hook(bucket.num_seqs, bucket.num_tokens)
         graphs_before, t0 = self.num_graphs, time.perf_counter()
         if self.fp8_guard is None:
             logits = self.model(step, cache, run_layer=run_layer)

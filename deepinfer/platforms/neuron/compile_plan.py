@@ -1,0 +1,113 @@
+"""The graphs a Neuron engine compiles, counted before it compiles any (docs/neuron.md §4 B8, §5.10).
+
+A region graph is one (region, layer kind, token count, context bucket): the buckets come from the
+BucketSpec (what warm-up walks), the regions of a bucket from the split policy (neuron_ops/regions.py
+`regions_of_step`), the layer kinds from the model's layers, or from the config alone
+(`config_layer_kinds`, no model build), so the count of a full-size config is a test, not a run.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.model_executor.static_step import Bucket, BucketSpec
+from deepinfer.neuron_ops.regions import kind_key, regions_of_step
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannedGraph:
+    region: str     # regions.WHOLE or regions.SUB_REGIONS name
+    kind: int       # index into CompilePlan.kinds
+    step: str       # decode | verify | prefill
+    tokens: int
+    context: int
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    graphs: tuple[PlannedGraph, ...]
+    kinds: tuple[tuple, ...]          # layer_kind keys, in order of first layer
+    layers_per_kind: tuple[int, ...]
+    split: str
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    def counts(self, field: str) -> dict:
+        """Graphs per value of one PlannedGraph field (region, step, tokens, context), sorted."""
+        return dict(sorted(Counter(getattr(g, field) for g in self.graphs).items()))
+
+    def buckets(self) -> list[dict]:
+        """One row per (step, tokens, context): its regions and graphs."""
+        rows: dict[tuple, dict] = {}
+        for g in self.graphs:
+            row = rows.setdefault((g.step, g.tokens, g.context), {
+                "step": g.step, "tokens": g.tokens, "context": g.context, "regions": [], "graphs": 0})
+            if g.region not in row["regions"]:
+                row["regions"].append(g.region)
+            row["graphs"] += 1
+        return list(rows.values())
+
+    def to_dict(self) -> dict:
+        return {"graph_count": self.graph_count, "split": self.split, "layer_kinds": len(self.kinds),
+                "layers_per_kind": list(self.layers_per_kind), "by_step": self.counts("step"),
+                "by_region": self.counts("region"), "buckets": self.buckets()}
+
+    def describe(self) -> str:
+        """The plan in one log line."""
+        buckets = ", ".join(f"{b['step']} {b['tokens']}x{b['context']} ({'+'.join(b['regions'])})"
+                            for b in self.buckets())
+        steps = ", ".join(f"{n} {s}" for s, n in self.counts("step").items())
+        return (f"{self.graph_count} region graphs to compile ({steps}): {len(self.kinds)} layer kinds x "
+                f"buckets [{buckets}], split policy {self.split}")
+
+
+def step_class(bucket: Bucket, spec: BucketSpec) -> str:
+    if bucket.num_tokens == bucket.num_seqs:
+        return "decode"
+    q = spec.verify_tokens
+    if q > 1 and bucket.num_tokens == bucket.num_seqs * q and bucket.num_seqs in spec.batch:
+        return "verify"
+    return "prefill"
+
+
+def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str) -> CompilePlan:
+    """Every region graph warm-up compiles for these buckets, layer kinds (one per decoder layer, in
+    layer order) and split policy. Graphs are unique per (region, kind, tokens, context): two buckets
+    of one shape share their graphs, as Dynamo shares them."""
+    kinds: list[tuple] = []
+    for key in layer_kinds:
+        if key not in kinds:
+            kinds.append(key)
+    per_kind = Counter(kinds.index(k) for k in layer_kinds)
+    seen: dict[tuple, PlannedGraph] = {}
+    for bucket in spec.all_buckets():
+        step = step_class(bucket, spec)
+        for region in regions_of_step(split, bucket.num_seqs, bucket.num_tokens):
+            for k in range(len(kinds)):
+                seen.setdefault((region, k, bucket.num_tokens, bucket.context),
+                                PlannedGraph(region, k, step, bucket.num_tokens, bucket.context))
+    return CompilePlan(tuple(seen.values()), tuple(kinds), tuple(per_kind[k] for k in range(len(kinds))), split)
+
+
+def config_layer_kinds(cfg) -> list[tuple]:
+    """The layer_kind of every decoder layer of a ModelConfig without building the model: each layer's
+    Attention on the meta device (no expert, no table) and its layer_facts; tests check the result
+    equals the built model's kinds."""
+    from deepinfer.model_executor.models.deepseek_v4 import layer_facts, make_engram_spec
+    from deepinfer.model_executor.models.v4_attention import Attention
+    engram = make_engram_spec(cfg)
+    out = []
+    with torch.device("meta"):
+        for i in range(cfg.num_layers):
+            shape = None
+            if engram is not None and i in engram.layers:
+                shape = (engram.layer(i).num_rows, cfg.engram_head_dim)   # Engram.embed.weight
+            out.append(kind_key("DecoderLayer", Attention(cfg, i, torch.bfloat16), layer_facts(cfg, i), shape))
+    return out
