@@ -1,4 +1,7 @@
-"""Shared fixtures: tiny checkpoints built once per session, and the neuron_device skip.
+"""Shared fixtures: tiny checkpoints built once per session, the tier markers, and the neuron_device skip.
+
+Each test carries the marker of its tier, the directory it is in (tests/unit, tests/engine,
+tests/process, tests/neuron, tests/repo; pytest.ini lists them), so `-m process` selects a tier.
 
 The suite runs torch with one intra-op thread (and passes OMP_NUM_THREADS=1 to the server
 subprocesses it starts): the tiny model's ops are microseconds of work, and two OpenMP threads on a
@@ -6,6 +9,7 @@ subprocesses it starts): the tiny model's ops are microseconds of work, and two 
 measured 0.1 s with one thread and 1.9 s with two under load). Benchmarks keep the default."""
 import glob
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -15,7 +19,17 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "engine", "process", "neuron", "repo")
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects: a tier marker must be there when it does
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = item.path.resolve().relative_to(TESTS)
+        if len(rel.parts) < 2 or rel.parts[0] not in TIERS:
+            raise pytest.UsageError(f"tests/{rel}: a test file belongs in one of the tiers tests/{{{','.join(TIERS)}}}")
+        item.add_marker(getattr(pytest.mark, rel.parts[0]))
     if glob.glob("/dev/neuron*"):
         return
     skip = pytest.mark.skip(reason="needs a Neuron device (no /dev/neuron* here)")

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=128, help="context bucket")
     ap.add_argument("--warmup", type=int, default=2, help="decode steps before timing (compiles happen here)")
     ap.add_argument("--steps", type=int, default=20, help="timed decode steps per runner")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: see tests/neuron/conftest.py)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: see tests/conftest.py)")
     ap.add_argument("--ckpt-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "deepinfer-tiny"))
     ap.add_argument("--out", default="bench_host_compile.json")
     args = ap.parse_args(argv)

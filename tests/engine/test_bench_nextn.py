@@ -1,13 +1,12 @@
 """bench_neuron.py --nextn sweep on the tiny V4.1 checkpoint: one engine per value, every record
 labelled with its nextn, and the speculative rows report the engine's acceptance counters."""
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "neuron"))
-import bench_neuron  # noqa: E402
+from tests.support import load_script
+
+bench_neuron = load_script("examples/neuron/bench_neuron.py")
 
 
 def test_nextn_sweep_offline(tiny_v41_dir, tmp_path, capsys, cpu_platform):

@@ -27,7 +27,10 @@ from deepinfer.worker.runners.cuda_graphs import CudaGraphStrategy, HostReplay
 from deepinfer.worker.runners.eager import EagerStrategy
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.worker.worker import Worker, build_model
-from model_helpers import Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config, tiny_model
+
+from tests.support.model_helpers import (Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config,
+                                         tiny_model)
+from tests.support.spec_runs import oracle_drafts
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 
@@ -250,15 +253,14 @@ def test_warm_up_captures_every_bucket_at_engine_start(tiny_v41_dir):
 
 def _verify_run(d, model, strategy_cls, platform=None, drafts=3, oracle_of=None, monkeypatch=None):
     """Greedy tokens of 4 prompts (the batch shrinks as they finish), the runner strategy and the
-    engine's spec counters; oracle_of: plain tokens to draft from (test_spec_decode._oracle)."""
-    from test_spec_decode import _oracle
+    engine's spec counters; oracle_of: plain tokens to draft from (tests/support/spec_runs.py oracle_drafts)."""
     prompts = _prompts(4, seed=5)
     params = [SamplingParams(temperature=0.0, max_tokens=6 + 3 * i, ignore_eos=True) for i in range(4)]
     cfg = ModelConfig.from_pretrained(d)
     ec = EngineConfig(model=str(d), dtype="float32", max_model_len=128, max_num_seqs=4,
                       max_num_batched_tokens=256, num_speculative_tokens=drafts).resolve(cfg)
     if oracle_of is not None:
-        _oracle(monkeypatch, prompts, oracle_of)
+        oracle_drafts(monkeypatch, prompts, oracle_of)
     if strategy_cls == "graphs":
         from deepinfer.platforms.cuda import CudaPlatform
         strategy_cls = _host_runner(CudaPlatform().bucket_spec(ec)) if platform is None else None

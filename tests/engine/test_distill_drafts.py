@@ -1,13 +1,11 @@
 """examples/neuron/distill_tiny_drafts.py: trains only the draft layers, deterministically for a seed,
 and writes a checkpoint the engine loads (a few steps on a few short continuations here)."""
-import os
-import sys
-
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "neuron"))
-import distill_tiny_drafts  # noqa: E402
+from tests.support import load_script
+
+distill_tiny_drafts = load_script("examples/neuron/distill_tiny_drafts.py")
 
 ARGS = ["--prompts", "2", "--prompt-len", "6", "--gen-len", "8", "--steps", "2", "--batch", "4", "--blocks", "2",
         "--heldout", "2", "--eval-anchors", "8"]

@@ -7,7 +7,7 @@ from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.model_executor.layers.engram_hash import engram_indices_all
 from deepinfer.model_executor.models.deepseek_v4 import make_engram_spec
 from deepinfer.worker.cache_engine import cache_layout, default_block_size
-from model_helpers import tiny_config
+from tests.support.model_helpers import tiny_config
 
 CFG = tiny_config("v41")
 BOS, EOS = CFG.bos_token_id, CFG.eos_token_ids[0]

@@ -4,7 +4,7 @@ import torch
 
 from deepinfer.config import ModelConfig
 from deepinfer.worker.worker import build_model
-from model_helpers import run_batch, run_chunks
+from tests.support.model_helpers import run_batch, run_chunks
 
 
 

@@ -13,7 +13,7 @@ from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.sampling_params import SamplingParams as SP
 from deepinfer.worker.model_runner import ModelRunner, SampleRequest
 from deepinfer.worker.worker import Worker
-from model_helpers import Seqs, tiny_config, tiny_model
+from tests.support.model_helpers import Seqs, tiny_config, tiny_model
 from deepinfer.worker.runners import EagerStrategy
 
 

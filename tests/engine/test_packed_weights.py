@@ -20,7 +20,7 @@ from deepinfer.model_executor.memory_report import resident_bytes
 from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table, is_packed
 from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.worker.worker import build_model
-from model_helpers import run_chunks
+from tests.support.model_helpers import run_chunks
 
 g = torch.Generator().manual_seed(0)
 

@@ -11,7 +11,7 @@ from deepinfer.engine_config import EngineConfig
 from deepinfer.model_executor.layers.token_scores import score_tokens
 from deepinfer.sampling_params import SamplingParamsError
 from deepinfer.worker.worker import Worker, build_model
-from model_helpers import run_chunks
+from tests.support.model_helpers import run_chunks
 
 K = 3
 

@@ -11,7 +11,7 @@ import pytest
 
 from deepinfer.engine_config import EngineConfig
 from serve.protocol import ChatCompletionRequest, CompletionRequest
-from test_server_support import in_process_app
+from tests.support.server import in_process_app
 
 MODEL = "m"
 NUM_BODIES = 300

@@ -7,7 +7,8 @@ import pytest
 
 from deepinfer.outputs import ListPrefix
 from deepinfer.sampling_params import SamplingParams
-from test_scheduler import _seq, assert_pool_empty, make_engine, reference_tokens, run_all
+
+from tests.support.toy_engine import assert_pool_empty, make_engine, make_seq, reference_tokens, run_all
 
 
 def _stream_all(engine):
@@ -60,7 +61,7 @@ def test_a_late_step_output_holds_one_new_token_and_snapshots_stay_true():
 
 
 def test_truncate_keeps_earlier_snapshots_true():
-    seq = _seq(0, 4)
+    seq = make_seq(0, 4)
     seq.logprobs = []
     for t in (10, 11, 12):
         seq.append_token(t, -1.0, {t: None})

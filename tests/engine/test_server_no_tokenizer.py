@@ -3,7 +3,7 @@
 import asyncio
 
 from deepinfer.engine_config import EngineConfig
-from test_server_support import in_process_app
+from tests.support.server import in_process_app
 
 
 def test_server_without_tokenizer_serves_token_ids_and_refuses_text(tiny_v4_dir):

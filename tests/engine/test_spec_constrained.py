@@ -18,7 +18,8 @@ from deepinfer import SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.sampling_params import GREEDY_TEMPERATURE, StructuredOutputsParams
 from deepinfer.worker.worker import build_model
-from test_spec_decode import _llm, _oracle, _prompts, _tokens
+
+from tests.support.spec_runs import oracle_drafts, prompts_of_lengths, spec_llm, token_lists
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "ok": {"type": "boolean"}},
           "required": ["answer", "ok"], "additionalProperties": False}
@@ -48,18 +49,18 @@ def _same_entries(got, want, temperature: float, deep_rank: int = 2) -> None:
 
 
 def test_greedy_logprobs_rows_draft_and_report_the_plain_entries(v41, monkeypatch):
-    prompts = _prompts((5, 19, 33), seed=2)
+    prompts = prompts_of_lengths((5, 19, 33), seed=2)
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3),
               SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
               SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)]
-    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
-    real = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    ref = spec_llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
+    real = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
     runs = [real.generate(prompts, params, use_tqdm=False)]
-    _oracle(monkeypatch, prompts, _tokens(ref))
-    oracle = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    oracle_drafts(monkeypatch, prompts, token_lists(ref))
+    oracle = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
     runs.append(oracle.generate(prompts, params, use_tqdm=False))
     for outs in runs:
-        assert _tokens(outs) == _tokens(ref)
+        assert token_lists(outs) == token_lists(ref)
         for o, r in zip(outs, ref):
             assert (o.outputs[0].logprobs is None) == (r.outputs[0].logprobs is None)
             if r.outputs[0].logprobs is not None:
@@ -72,17 +73,17 @@ def test_greedy_logprobs_rows_draft_and_report_the_plain_entries(v41, monkeypatc
 def test_sampled_logprobs_rows_report_the_entries_of_their_own_tokens(v41, monkeypatch):
     """At T = 1 without filters the processed distribution is the raw one, so each emitted token's entry
     (accepted draft, residual draw or bonus) must equal the prompt-logprob score of that output token."""
-    prompts = _prompts((7, 21), seed=3)
+    prompts = prompts_of_lengths((7, 21), seed=3)
     greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    _oracle(monkeypatch, prompts, _tokens(_llm(v41, max_model_len=96).generate(prompts, greedy, use_tqdm=False)),
-            corrupt=0.2)
+    continuations = token_lists(spec_llm(v41, max_model_len=96).generate(prompts, greedy, use_tqdm=False))
+    oracle_drafts(monkeypatch, prompts, continuations, corrupt=0.2)
     params = [SamplingParams(temperature=1.0, seed=11 + i, max_tokens=10, ignore_eos=True, logprobs=2)
               for i in range(2)]
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert sum(o.metrics.num_draft_tokens for o in outs) > 0
     monkeypatch.undo()
-    plain = _llm(v41, max_model_len=96, max_num_seqs=4)
+    plain = spec_llm(v41, max_model_len=96, max_num_seqs=4)
     for p, o in zip(prompts, outs):
         ids = list(p["prompt_token_ids"])
         scored = plain.generate([{"prompt_token_ids": ids + list(o.outputs[0].token_ids)}],
@@ -141,19 +142,19 @@ GRAMMAR_PARAMS = [
 def test_grammar_rows_draft_and_keep_the_text_and_the_matcher(v41, monkeypatch):
     """A mixed batch (greedy and sampled grammar rows, a plain row, a grammar row with logprobs) with the
     checkpoint's drafts, then with oracle drafts (right, or breaking the grammar) in a pool that preempts."""
-    prompts = _prompts((6, 17, 29, 12), seed=5)
-    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, GRAMMAR_PARAMS, use_tqdm=False)
+    prompts = prompts_of_lengths((6, 17, 29, 12), seed=5)
+    ref = spec_llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, GRAMMAR_PARAMS, use_tqdm=False)
     greedy_rows = [0, 1, 2]
-    runs = {"real": _generate_checking(_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3),
+    runs = {"real": _generate_checking(spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3),
                                        prompts, GRAMMAR_PARAMS)}
-    _oracle(monkeypatch, prompts, _tokens(ref))
-    tight = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, num_kv_blocks=7, block_size=16)
+    oracle_drafts(monkeypatch, prompts, token_lists(ref))
+    tight = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, num_kv_blocks=7, block_size=16)
     runs["oracle, preempted"] = _generate_checking(tight, prompts, GRAMMAR_PARAMS)
     st = tight.llm_engine.stats()
     assert st.num_preemptions > 0 and st.num_used_blocks == 0 and st.num_used_state_slots == 0
     for name, outs in runs.items():
-        got = _tokens(outs)
-        assert [got[i] for i in greedy_rows] == [_tokens(ref)[i] for i in greedy_rows], name
+        got = token_lists(outs)
+        assert [got[i] for i in greedy_rows] == [token_lists(ref)[i] for i in greedy_rows], name
         assert [outs[i].outputs[0].text for i in greedy_rows] == [ref[i].outputs[0].text for i in greedy_rows]
         for i in (0, 2, 3):
             text = outs[i].outputs[0].text
@@ -204,10 +205,10 @@ def test_verify_reports_logprob_entries_and_applies_each_depths_mask():
     """spec_verify.verify on its own: with logprobs asked, each emitted token's logprob, rank and top-k are
     those of the processed distribution of its depth; with a bitmask per depth (a grammar's masks along
     the drafts) no token outside that depth's mask is accepted or emitted."""
-    from test_spec_verify import mixed_case
-
     from deepinfer.model_executor.layers.sampler import Sampler
     from deepinfer.model_executor.layers.spec_verify import VerifyBatch, verify
+
+    from tests.support.verify_cases import mixed_case
     params, logits, drafts, draft_lp = mixed_case(r=30, b=3, vocab=40, seed=6)
     params = [copy.copy(p) for p in params]
     for i, p in enumerate(params):

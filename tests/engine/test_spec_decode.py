@@ -11,12 +11,13 @@ import random
 import pytest
 import torch
 
-from deepinfer import LLM, SamplingParams
+from deepinfer import SamplingParams
 from deepinfer.config import ModelConfig
-from deepinfer.engine.llm_engine import LLMEngine
 from deepinfer.engine_config import EngineConfig
 from deepinfer.worker import spec_decode
-from deepinfer.worker.worker import Worker, build_model
+from deepinfer.worker.worker import build_model
+
+from tests.support.spec_runs import oracle_drafts, prompts_of_lengths, spec_llm, token_lists
 
 
 @pytest.fixture(scope="module")
@@ -25,72 +26,34 @@ def v41(tiny_v41_dir):
     return tiny_v41_dir, cfg, build_model(cfg, str(tiny_v41_dir), torch.float32, progress=False)
 
 
-def _llm(v41, **kw):
-    d, cfg, model = v41
-    ec = EngineConfig(model=str(d), dtype="float32", **kw).resolve(cfg)
-    return LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=Worker(cfg, ec, model=model)))
-
-
-def _prompts(lens, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [{"prompt_token_ids": [0] + torch.randint(3, 128000, (m - 1,), generator=g).tolist()} for m in lens]
-
-
-def _tokens(outs):
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
 GREEDY = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
 LENS = (3, 11, 26, 40)
 
 
 @pytest.fixture(scope="module")
 def plain(v41):
-    prompts = _prompts(LENS)
-    return prompts, _tokens(_llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, GREEDY, use_tqdm=False))
-
-
-def _oracle(monkeypatch, prompts, continuations, corrupt=0.3):
-    """Replace each real proposal by the plain run's next tokens, each depth corrupted with
-    probability `corrupt` (a fixed draw per sequence, position and depth), so accepted runs and
-    rejections at every depth both happen."""
-    truth = {tuple(p["prompt_token_ids"]): c for p, c in zip(prompts, continuations)}
-    real = spec_decode.SpecDecoder._draft
-
-    def draft(self, scheduled, results):
-        real(self, scheduled, results)
-        for i, s in enumerate(scheduled):
-            prop = results.get(i) and results[i].proposal
-            if not prop:
-                continue
-            done = s.seq.num_output_tokens + len(results[i].tokens)
-            cont = truth[tuple(s.seq.prompt_token_ids)]
-            ids = []
-            for j in range(len(prop.token_ids)):
-                t = cont[done + j] if done + j < len(cont) else 5
-                bad = random.Random(s.seq.prompt_len * 100003 + (done + j) * 17 + j).random() < corrupt
-                ids.append((t + 1) % 128000 if bad else t)
-            prop.token_ids = ids
-    monkeypatch.setattr(spec_decode.SpecDecoder, "_draft", draft)
+    prompts = prompts_of_lengths(LENS)
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4)
+    return prompts, token_lists(llm.generate(prompts, GREEDY, use_tqdm=False))
 
 
 def test_greedy_with_real_drafts_equals_plain_greedy(v41, plain):
     prompts, want = plain
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
-    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
     st = llm.llm_engine.stats()
     assert st.spec_decode.num_draft_tokens > 0 and st.num_used_blocks == 0 and st.num_used_state_slots == 0
 
 
 def test_greedy_with_oracle_drafts_mixed_lengths_chunked_and_preempted(v41, plain, monkeypatch):
     prompts, want = plain
-    _oracle(monkeypatch, prompts, want)
+    oracle_drafts(monkeypatch, prompts, want)
     for kw in (dict(max_num_seqs=4),                                   # mixed lengths in one batch
                dict(max_num_seqs=4, max_num_batched_tokens=12),        # chunked prompts, draft rows squeezed
                dict(max_num_seqs=4, num_kv_blocks=9, block_size=16)):  # a pool too small: preemption
-        llm = _llm(v41, max_model_len=96, num_speculative_tokens=3, **kw)
+        llm = spec_llm(v41, max_model_len=96, num_speculative_tokens=3, **kw)
         outs = llm.generate(prompts, GREEDY, use_tqdm=False)
-        assert _tokens(outs) == want, kw
+        assert token_lists(outs) == want, kw
         st = llm.llm_engine.stats()
         spec = st.spec_decode
         assert spec.num_accepted_tokens > 0 and spec.num_accepted_tokens < spec.num_draft_tokens
@@ -105,36 +68,36 @@ def test_greedy_with_oracle_drafts_mixed_lengths_chunked_and_preempted(v41, plai
 
 def test_stop_inside_an_accepted_run_truncates_and_max_tokens_holds(v41, plain, monkeypatch):
     prompts, want = plain
-    _oracle(monkeypatch, prompts, want, corrupt=0.0)  # every draft right: runs of 4
+    oracle_drafts(monkeypatch, prompts, want, corrupt=0.0)  # every draft right: runs of 4
     stop = want[1][6]
     params = [SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
               SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, stop_token_ids=[stop])]
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
     outs = llm.generate(prompts[:2], params, use_tqdm=False)
-    assert _tokens(outs)[0] == want[0][:9]
+    assert token_lists(outs)[0] == want[0][:9]
     assert outs[0].outputs[0].finish_reason == "length"
     cut = want[1].index(stop) + 1
-    assert _tokens(outs)[1] == want[1][:cut] and outs[1].outputs[0].stop_reason == stop
+    assert token_lists(outs)[1] == want[1][:cut] and outs[1].outputs[0].stop_reason == stop
     assert llm.llm_engine.stats().spec_decode.tokens_per_step > 3
 
 
 def test_sampled_requests_reproduce_per_seed_across_batches(v41):
-    prompts = _prompts((9, 23, 31), seed=4)
+    prompts = prompts_of_lengths((9, 23, 31), seed=4)
     params = [SamplingParams(temperature=0.8, top_k=40, seed=21 + i, max_tokens=10, ignore_eos=True)
               for i in range(3)]
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
-    together = _tokens(llm.generate(prompts, params, use_tqdm=False))
-    alone = [_tokens(llm.generate([p], q, use_tqdm=False))[0] for p, q in zip(prompts, params)]
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    together = token_lists(llm.generate(prompts, params, use_tqdm=False))
+    alone = [token_lists(llm.generate([p], q, use_tqdm=False))[0] for p, q in zip(prompts, params)]
     assert together == alone and all(len(t) == 10 for t in together)
-    tight = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, num_kv_blocks=7, block_size=16)
-    assert _tokens(tight.generate(prompts, params, use_tqdm=False)) == together
+    tight = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, num_kv_blocks=7, block_size=16)
+    assert token_lists(tight.generate(prompts, params, use_tqdm=False)) == together
     assert tight.llm_engine.stats().num_preemptions > 0
 
 
 def test_abort_mid_speculation_frees_everything(v41):
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
     eng = llm.llm_engine
-    for i, p in enumerate(_prompts((7, 15))):
+    for i, p in enumerate(prompts_of_lengths((7, 15))):
         eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     for _ in range(4):
         eng.step()
@@ -158,19 +121,19 @@ def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, m
     """A prompt's last chunk samples with the plain sampler (logprobs included) in a step where another
     row verifies drafts; a request with max_tokens=1 never drafts (its next step could emit nothing)."""
     prompts, want = plain
-    _oracle(monkeypatch, prompts, want)
+    oracle_drafts(monkeypatch, prompts, want)
     prompts = [prompts[0], prompts[3]]  # 3 and 40 tokens: the long prompt is chunked while the short one decodes
     params = [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=1, logprobs=2)]
-    ref = _llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
+    ref = spec_llm(v41, max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
     mixed, execute = [], spec_decode.SpecDecoder.execute
 
     def recording(self, worker, scheduled, chunks, scores):
         mixed.append(any(s.draft_ids for s in scheduled) and any(s.do_sample and not s.draft_ids for s in scheduled))
         return execute(self, worker, scheduled, chunks, scores)
     monkeypatch.setattr(spec_decode.SpecDecoder, "execute", recording)
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=12, num_speculative_tokens=3)
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=12, num_speculative_tokens=3)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    assert _tokens(outs) == _tokens(ref) and _tokens(outs)[0] == want[0]
+    assert token_lists(outs) == token_lists(ref) and token_lists(outs)[0] == want[0]
     assert outs[0].metrics.num_accepted_tokens > 0 and outs[1].metrics.num_draft_tokens == 0
     assert any(mixed)  # a step both verified drafts and sampled a row without any
     got, exp = outs[1].outputs[0].logprobs, ref[1].outputs[0].logprobs
@@ -183,7 +146,7 @@ def test_rows_without_drafts_share_the_step_with_verification_rows(v41, plain, m
 
 
 def _oracle_confidences(monkeypatch, levels=(0.0, 0.4, 1.0)):
-    """On top of _oracle: every draft's confidence a fixed draw from `levels` per sequence, position and
+    """On top of oracle_drafts: every draft's confidence a fixed draw from `levels` per sequence, position and
     depth, so confidence scheduling truncates some rows, verifies others fully and skips some."""
     oracle = spec_decode.SpecDecoder._draft
 
@@ -203,13 +166,13 @@ def test_confidence_scheduled_greedy_equals_plain_greedy(v41, plain, monkeypatch
     committed, never verified later), and greedy still emits the plain greedy tokens, also with chunked
     prompts and preemption."""
     prompts, want = plain
-    _oracle(monkeypatch, prompts, want)
+    oracle_drafts(monkeypatch, prompts, want)
     _oracle_confidences(monkeypatch)
     for kw in (dict(max_num_seqs=4), dict(max_num_seqs=4, max_num_batched_tokens=12),
                dict(max_num_seqs=4, num_kv_blocks=9, block_size=16)):
-        llm = _llm(v41, max_model_len=96, num_speculative_tokens=3, speculative_verify="confidence", **kw)
+        llm = spec_llm(v41, max_model_len=96, num_speculative_tokens=3, speculative_verify="confidence", **kw)
         outs = llm.generate(prompts, GREEDY, use_tqdm=False)
-        assert _tokens(outs) == want, kw
+        assert token_lists(outs) == want, kw
         st = llm.llm_engine.stats()
         spec = st.spec_decode
         assert 0 < spec.num_draft_tokens < spec.num_offered_tokens, spec  # some drafts were not verified
@@ -222,20 +185,20 @@ def test_confidence_scheduled_greedy_equals_plain_greedy(v41, plain, monkeypatch
         if "num_kv_blocks" in kw:
             assert st.num_preemptions > 0
     # the same drafts verified in full: every offered draft is verified
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
-    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
     spec = llm.llm_engine.stats().spec_decode
     assert spec.num_draft_tokens == spec.num_offered_tokens > 0
 
 
 def test_confidence_scheduled_sampling_runs_and_frees_everything(v41, monkeypatch):
     _oracle_confidences(monkeypatch, levels=(0.2, 0.9))
-    prompts = _prompts((9, 23, 31), seed=4)
+    prompts = prompts_of_lengths((9, 23, 31), seed=4)
     params = [SamplingParams(temperature=0.8, top_k=40, seed=21 + i, max_tokens=10, ignore_eos=True)
               for i in range(3)]
-    llm = _llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, speculative_verify="confidence")
+    llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, speculative_verify="confidence")
     outs = llm.generate(prompts, params, use_tqdm=False)
-    assert all(len(t) == 10 for t in _tokens(outs))
+    assert all(len(t) == 10 for t in token_lists(outs))
     st = llm.llm_engine.stats()
     assert 0 < st.spec_decode.num_draft_tokens <= st.spec_decode.num_offered_tokens
     assert st.num_used_blocks == 0 and st.num_used_state_slots == 0

@@ -8,7 +8,7 @@ from deepinfer.model_executor.models import dspark_draft
 from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size, speculative_ring_rows
 from deepinfer.worker.model_runner import ModelRunner
 from deepinfer.worker.runners import EagerStrategy
-from model_helpers import tiny_config, tiny_model
+from tests.support.model_helpers import tiny_config, tiny_model
 
 B = 3
 

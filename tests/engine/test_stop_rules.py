@@ -4,16 +4,16 @@ strings, min_tokens, max_tokens, max_model_len), and the sampler ban that mirror
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence
 from deepinfer.stop_rules import apply_stop_rules, banned_token_ids
-from test_scheduler import EOS, ToyWorker, _text_engine, make_engine, run_all, tokenizer  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
+from tests.support.toy_engine import EOS, ToyWorker, make_engine, run_all, text_engine
+
 
 
 def _seq(params, prompt=(5, 6, 7)):
@@ -89,7 +89,7 @@ def test_engine_defers_eos_until_min_tokens():
 
 
 def test_stop_string_across_deltas_and_min_tokens(tokenizer):  # noqa: F811
-    engine = _text_engine(tokenizer)
+    engine = text_engine(tokenizer)
 
     def stream(sp):
         engine.add_request("s", "The cat", sp)

@@ -8,7 +8,7 @@ import torch
 from deepinfer.config import ModelConfig
 from deepinfer.worker.cache_engine import allocate_cache, default_block_size
 from deepinfer.worker.worker import build_model
-from model_helpers import run_chunks
+from tests.support.model_helpers import run_chunks
 
 N = 120  # > 8 blocks of 8 C1 entries (filter drops blocks) and > 16 C2 entries (top-k drops entries)
 

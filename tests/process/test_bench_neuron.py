@@ -11,15 +11,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples" / "neuron"))
+from tests.support import REPO, load_script
 
-import bench_neuron  # noqa: E402
+# The script puts its own directory on sys.path for its library, bench_lib.
+bench_neuron = load_script("examples/neuron/bench_neuron.py")
 from bench_lib.metrics import RequestResult, cell_metrics, speedup  # noqa: E402
 from bench_lib.prompts import PromptFactory  # noqa: E402
 from bench_lib.server import ServerDriver  # noqa: E402
@@ -219,7 +218,7 @@ def test_offline_matrix_with_transformers_baseline(tiny_v4_dense_dir, tmp_path, 
 
 @pytest.fixture(scope="module")
 def live_server(request, tmp_path_factory):
-    from test_server_support import ServerProcess, model_dir_fixture
+    from tests.support.server import ServerProcess, model_dir_fixture
     srv = ServerProcess(model_dir_fixture(request, tmp_path_factory))
     try:
         srv.wait_ready()
@@ -229,7 +228,7 @@ def live_server(request, tmp_path_factory):
 
 
 def test_server_matrix(live_server, tmp_path, tiny_v4_dir):
-    from test_server_support import API_KEY, MODEL_NAME
+    from tests.support.server import API_KEY, MODEL_NAME
     out = tmp_path / "r.json"
     rc = bench_neuron.main(["--model", str(tiny_v4_dir), *MATRIX, "--base-url", live_server.base,
                             "--api-key", API_KEY, "--accelerator", "cpu", "--out", str(out)])
@@ -245,7 +244,7 @@ def test_server_matrix(live_server, tmp_path, tiny_v4_dir):
 
 
 def test_server_errors_are_counted_and_exit_nonzero(live_server, tmp_path, tiny_v4_dir):
-    from test_server_support import API_KEY
+    from tests.support.server import API_KEY
     out = tmp_path / "r.json"
     argv = ["--model", str(tiny_v4_dir), "--input-lens", "8", "--output-lens", "2", "--concurrency", "1",
             "--num-prompts", "2", "--base-url", live_server.base, "--api-key", API_KEY,
@@ -259,7 +258,7 @@ def test_server_errors_are_counted_and_exit_nonzero(live_server, tmp_path, tiny_
 
 
 def test_unreachable_server_counts_every_request(tmp_path, tiny_v4_dir):
-    from test_server_support import free_port
+    from tests.support.server import free_port
     out = tmp_path / "r.json"
     argv = ["--model", str(tiny_v4_dir), "--input-lens", "8", "--output-lens", "2", "--concurrency", "1,2",
             "--num-prompts", "2", "--base-url", f"http://127.0.0.1:{free_port()}", "--out", str(out)]

@@ -21,12 +21,11 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.distributed.launch import free_port
-from rank_processes import alive, child_env
+from tests.support import load_script
+from tests.support.processes import alive, child_env
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples" / "neuron"))
+bench_neuron = load_script("examples/neuron/bench_neuron.py")
 
-import bench_neuron  # noqa: E402
 ENGINE = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, num_kv_blocks=40,
               enforce_eager=True, skip_tokenizer_init=True, dtype="float32")
 PROMPTS = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 7, 12)]
@@ -64,7 +63,7 @@ def references(tiny_v4_dir, tiny_v41_dir):
 
 
 # By default: the 4-rank worlds and cp = ep = 2 on V4.1 (the target model). cp2 and ep2 alone on V4.1
-# run by default in tests/test_multi_rank_spec.py (speculative decoding against a single rank: the same
+# run by default in tests/process/test_multi_rank_spec.py (speculative decoding against a single rank: the same
 # main forward, plus the draft blocks), cp = ep = 2 on V4 through the server below; those and the other
 # V4 worlds are marked slow to keep the suite inside its time budget (-m slow runs them).
 DEFAULT = {("cp4-lanes2", "v41"), ("ep4", "v41"), ("cp2-ep2", "v41")}
@@ -118,7 +117,7 @@ def test_two_nodes_on_localhost(references):
 def test_server_and_bench_with_cp2_ep2(references, tmp_path):
     """--context-parallel-size / --expert-parallel-size through `python -m serve`: the completions
     equal the single-rank tokens, bench_neuron.py runs against it, and SIGTERM leaves no child."""
-    from test_server_support import MODEL_NAME, ServerProcess
+    from tests.support.server import MODEL_NAME, ServerProcess
     path, expected, _ = references["v4"]
     srv = ServerProcess(Path(path), "--context-parallel-size", "2", "--expert-parallel-size", "2",
                         "--dtype", "float32", "--enforce-eager", api_key=None)

@@ -15,7 +15,7 @@ import pytest
 from deepinfer import LLM, SamplingParams
 from deepinfer.distributed.launch import free_port
 from deepinfer.worker.ranks import RankFailure
-from rank_processes import alive, child_env, wait_gone
+from tests.support.processes import alive, child_env, wait_gone
 
 ENGINE = dict(max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=40,
               enforce_eager=True, skip_tokenizer_init=True, dtype="float32")

@@ -1,14 +1,14 @@
 """One model across real processes (gloo, env:// on a free port): attention lanes and expert
 parallelism give the single-rank logits and greedy tokens (docs/neuron.md §5.5, §5.6).
 
-Each spawn runs several layouts in turn (tests/multirank.py): every rank builds the model with
+Each spawn runs several layouts in turn (tests/support/rank_spawn.py): every rank builds the model with
 `build_model(..., parallel=groups)` from the checkpoint (reading only its slices) and drives the real
 ModelRunner through a prompt step and greedy decode steps. With ep > cp each data-parallel group
 runs different prompts with the same token counts (the process side pads to equal rows)."""
 import pytest
 
 from deepinfer.distributed.parallel_layout import ParallelLayout
-from multirank import Job, expected_collectives, reference, run_ranks
+from tests.support.rank_spawn import Job, expected_collectives, reference, run_ranks
 
 # Same lengths in every data-parallel group (equal step rows on every EP member).
 P = [[5, 17, 300, 42, 9, 11], [7, 8, 9, 1000, 20, 21]]

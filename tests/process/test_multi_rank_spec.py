@@ -19,8 +19,9 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.worker import spec_decode
-from rank_processes import alive
-from test_spec_decode import _oracle
+
+from tests.support.processes import alive
+from tests.support.spec_runs import oracle_drafts
 
 ENGINE = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, num_kv_blocks=40,
               enforce_eager=True, skip_tokenizer_init=True, dtype="float32")
@@ -52,7 +53,7 @@ def _generate(path, monkeypatch, plain_tokens, **kw):
     """(tokens, proposals, spec counters) of one speculative run with oracle drafts."""
     with monkeypatch.context() as m:
         seen = _record(m)
-        _oracle(m, PROMPTS, plain_tokens)
+        oracle_drafts(m, PROMPTS, plain_tokens)
         with LLM(path, **ENGINE, num_speculative_tokens=DRAFTS, **kw) as llm:
             worker = llm.llm_engine.worker
             pids = [] if worker.ranks is None else list(worker.ranks.pids.values())

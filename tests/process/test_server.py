@@ -20,7 +20,7 @@ import torch
 
 from deepinfer.sampling_params import SamplingParams
 from serve.chat_template import ChatTurn, render_chat
-from test_server_support import (API_KEY, MAX_MODEL_LEN, MODEL_NAME, ServerProcess, engine_args,
+from tests.support.server import (API_KEY, MAX_MODEL_LEN, MODEL_NAME, ServerProcess, engine_args,
                                  model_dir_fixture, parse_sse, stream_text)
 
 
@@ -164,7 +164,7 @@ def test_n_seed_and_logprobs(server):
 
 def _teacher_forced(llm, ids: list[int]) -> list[float]:
     """log p(ids[p] | ids[:p]), p >= 1, from the engine's own model fed the whole prompt at once."""
-    from model_helpers import run_chunks
+    from tests.support.model_helpers import run_chunks
     worker = llm.llm_engine.worker
     logits = run_chunks(worker.model, ids, [len(ids)], dtype=worker.dtype)
     lp = torch.log_softmax(logits.float(), dim=-1)

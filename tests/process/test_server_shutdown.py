@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from test_server_support import API_KEY, MODEL_NAME, ServerProcess, model_dir_fixture, parse_sse
+from tests.support.server import API_KEY, MODEL_NAME, ServerProcess, model_dir_fixture, parse_sse
 
 SHUTDOWN_TIMEOUT_S = 3.0
 

@@ -1,6 +1,6 @@
 """Engram tables once per host in shared memory (deepinfer/distributed/shared_tables.py).
 
-Real processes (tests/shared_tables_rank.py) join a gloo group through env:// on a free port and build
+Real processes (tests/support/shared_tables_rank.py) join a gloo group through env:// on a free port and build
 the tiny V4.1 checkpoint with build_model(..., shared_tables=...): the tables must be one file mapped by
 every rank (same segment, same inode behind each rank's tensor), equal to a single-process load, and
 /dev/shm must hold nothing of ours afterwards, also when a rank is SIGKILLed after mapping or dies
@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,10 +19,10 @@ from deepinfer.distributed.shared_tables import SEGMENT_PREFIX, SHM_DIR, SharedE
 from deepinfer.platforms import make_platform
 from deepinfer.worker.worker import build_model
 
-REPO = Path(__file__).resolve().parent.parent
-CHILD = Path(__file__).resolve().parent / "shared_tables_rank.py"
-sys.path.insert(0, str(CHILD.parent))
-from shared_tables_rank import engram_outputs  # noqa: E402
+from tests.support import REPO
+from tests.support.shared_tables_rank import engram_outputs
+
+CHILD = "tests.support.shared_tables_rank"
 
 
 def _ours() -> set[str]:
@@ -39,8 +38,8 @@ def _free_port() -> int:
 def _run_ranks(world, model_dir, out_dir, platform, weight_format, mode="ok", timeout_s=60.0):
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(CHILD), str(r), str(world), str(model_dir), str(out_dir),
-                               platform, weight_format, mode, str(timeout_s)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", CHILD, str(r), str(world), str(model_dir), str(out_dir),
+                               platform, weight_format, mode, str(timeout_s)], env=env, cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for r in range(world)]
     codes, logs = [], []

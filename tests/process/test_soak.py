@@ -1,11 +1,11 @@
 """examples/soak.py for 12 s against a real tiny server: mixed traffic, disconnects and malformed
 requests leave no failed request and no KV block in use, and the report has every figure."""
-import importlib.util
 import json
 
 import pytest
 
-from test_server_support import API_KEY, ServerProcess, model_dir_fixture, REPO
+from tests.support import load_script
+from tests.support.server import API_KEY, ServerProcess, model_dir_fixture
 
 
 @pytest.fixture(scope="module")
@@ -13,15 +13,8 @@ def model_dir(request, tmp_path_factory):
     return model_dir_fixture(request, tmp_path_factory)
 
 
-def _soak_module():
-    spec = importlib.util.spec_from_file_location("soak", REPO / "examples" / "soak.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_soak_leaves_no_failures_and_no_kv_blocks(model_dir, tmp_path):
-    soak = _soak_module()
+    soak = load_script("examples/soak.py")
     srv = ServerProcess(model_dir)
     try:
         srv.wait_ready()
@@ -43,6 +36,6 @@ def test_soak_leaves_no_failures_and_no_kv_blocks(model_dir, tmp_path):
 
 
 def test_soak_refuses_a_non_loopback_server():
-    soak = _soak_module()
+    soak = load_script("examples/soak.py")
     with pytest.raises(SystemExit):
         soak.parse_args(["--base-url", "http://10.0.0.1:8000", "--duration", "1"])

@@ -5,7 +5,8 @@ message does not count."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import REPO as ROOT
+
 ENVS = ROOT / "deepinfer" / "envs.py"
 SOURCE_DIRS = ("deepinfer", "serve", "examples")
 

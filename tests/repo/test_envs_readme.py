@@ -1,12 +1,13 @@
 """deepinfer.envs: the README table matches the registry, and values are read lazily."""
 import re
-from pathlib import Path
 
 import pytest
 
 from deepinfer import envs
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from tests.support import REPO
+
+README = REPO / "README.md"
 BEGIN, END = "<!-- envs:begin -->", "<!-- envs:end -->"
 
 

@@ -4,7 +4,8 @@ makes two files depend on each other; the layering (platforms below worker below
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import REPO as ROOT
+
 PACKAGES = ("deepinfer", "serve")
 
 

@@ -1,7 +1,7 @@
 """requirements-neuron.txt = the Neuron packages + requirements.txt minus its CPU torch pin."""
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import REPO as ROOT
+
 
 
 def _pins(name):

@@ -1,13 +1,11 @@
-"""Helpers of the multi-rank engine tests (test_multi_rank.py, test_multi_rank_faults.py): whether a
-process is still running, waiting for processes to go, and the environment of a child process that
-imports this tree."""
+"""Helpers of the multi-process tests (tests/process/): whether a process is still running, waiting
+for processes to go, and the environment of a child process that imports this tree."""
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
 
 
 def alive(pid: int) -> bool:

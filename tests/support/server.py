@@ -1,4 +1,4 @@
-"""Helpers for the server tests (no tests here): a real `python -m serve` process on a free
+"""Helpers for the server tests: a real `python -m serve` process on a free
 loopback port, SSE parsing and /metrics reading."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
+
 API_KEY = "test-key-123"
 MODEL_NAME = "tiny-v4"
 # Small enough that the tests' prompts + max_tokens fit, big enough for a 200-token request.

@@ -1,7 +1,7 @@
-"""One rank of tests/test_shared_tables.py: joins a gloo group (env:// rendezvous), builds the tiny
+"""One rank of tests/process/test_shared_tables.py: joins a gloo group (env:// rendezvous), builds the tiny
 model with its Engram tables mapped from the host's shared memory, and saves what the test compares.
 
-    python tests/shared_tables_rank.py RANK WORLD MODEL_DIR OUT_DIR PLATFORM WEIGHT_FORMAT MODE TIMEOUT_S
+    python -m tests.support.shared_tables_rank RANK WORLD MODEL_DIR OUT_DIR PLATFORM WEIGHT_FORMAT MODE TIMEOUT_S
 
 MODE: "ok"; "die_after_map" (the last rank SIGKILLs itself once its model holds the mapped tables);
 "die_before_map" (the last rank exits before building its model, so it never maps)."""

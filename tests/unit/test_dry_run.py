@@ -9,7 +9,6 @@ import importlib.util
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +19,10 @@ from deepinfer.model_executor import dry_run as dr
 from deepinfer.model_executor import memory_report as mr
 from deepinfer.model_executor.loader import is_fp32_tensor
 from deepinfer.model_executor.tiny_checkpoint import tensor_shapes, v41_tiny_config
-from model_helpers import tiny_config
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+from tests.support.model_helpers import tiny_config
+
 V41_FLASH = REPO / "examples" / "configs" / "v41-flash.json"
 GIB = 2 ** 30
 

@@ -8,7 +8,6 @@ import dataclasses
 import inspect
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,8 @@ import deepinfer.entrypoints.llm as llm_module
 import serve.cli as serve_cli
 from deepinfer.engine_config import EngineConfig, engine_config_from_args
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
+
 MODEL = "ckpt-dir"
 
 # A valid value other than the default for every option; a new EngineConfig field fails
@@ -237,7 +237,7 @@ def test_parallel_options_reject_bad_combinations(options, message):
 
 
 def test_parallel_options_are_checked_against_the_model():
-    from model_helpers import tiny_config
+    from tests.support.model_helpers import tiny_config
     cfg = tiny_config("v41")   # 8 heads, 8 routed experts (4 in the draft layers)
     assert EngineConfig(model=MODEL, context_parallel_size=16).lane_size == 8   # default min(cp, 8)
     with pytest.raises(ValueError, match="attention_tp_size 16 must divide num_heads"):
@@ -248,7 +248,7 @@ def test_parallel_options_are_checked_against_the_model():
 
 
 def test_drafts_across_ranks_resolve_and_check_the_draft_experts():
-    from model_helpers import tiny_config
+    from tests.support.model_helpers import tiny_config
     cfg = tiny_config("v41")   # 4 routed experts in the draft layers
     for sizes in (dict(), dict(context_parallel_size=2), dict(expert_parallel_size=4)):
         EngineConfig(model=MODEL, num_speculative_tokens=3, **sizes).resolve(cfg)

@@ -184,11 +184,12 @@ def test_kv_cache_report_matches_deepseek_record_sizes():
     """V4.1-Flash in DeepSeek's compact records: 720 B/token main KV + 170 B/token index keys
     (docs/model.md §5.1), SWA 43 rings x 128 x 528 B, three C2 state rings of 2 fp32 [2, 512] rows."""
     import json
-    from pathlib import Path
 
     from deepinfer.config import ModelConfig
     from deepinfer.worker.cache_engine import kv_cache_report
-    path = Path(__file__).resolve().parents[1] / "examples" / "configs" / "v41-flash.json"
+
+    from tests.support import REPO
+    path = REPO / "examples" / "configs" / "v41-flash.json"
     cfg = ModelConfig.from_dict(json.loads(path.read_text()))
     r = kv_cache_report(cfg, "compact")
     assert r["detail"]["entries"] == 720 and r["detail"]["index"] == 170 and r["bytes_per_token"] == 890

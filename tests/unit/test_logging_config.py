@@ -4,11 +4,10 @@ level is applied once at import."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import REPO as ROOT
 
 # Logs through a module logger of the package, as deepinfer's own modules do.
 PROBE = """

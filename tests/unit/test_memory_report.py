@@ -13,7 +13,8 @@ from torch import nn
 from deepinfer.config import ModelConfig
 from deepinfer.model_executor import memory_report as mr
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 V41_FLASH = REPO / "examples" / "configs" / "v41-flash.json"
 
 

@@ -17,7 +17,8 @@ from serve.app import build_app
 from serve.engine_loop import EngineLoop
 from serve.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, ServerMetrics
 from serve.state import ServerConfig, ServerState
-from test_server_engine_loop import FakeEngine
+
+from tests.support.fake_engine import FakeEngine
 
 MODEL = "tiny"
 # family name as the parser reports it (counters without `_total`) -> type

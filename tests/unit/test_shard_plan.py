@@ -1,6 +1,6 @@
 """A rank's slices (model_executor/shard_plan.py), the loader reading only them, placeholder rows
 selecting no expert (StepInputs.token_valid) and the EP byte packing (layers/ep_moe.py); in one
-process (the collectives themselves are tested across processes in test_multirank.py)."""
+process (the collectives themselves are tested across processes in tests/process/test_multi_rank_model.py)."""
 import pytest
 import torch
 
@@ -16,7 +16,7 @@ from deepinfer.model_executor.shard_plan import Cut, ShardPlan, block_region, he
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.worker.cache_engine import cache_layout
 from deepinfer.worker.worker import build_model
-from model_helpers import tiny_config
+from tests.support.model_helpers import tiny_config
 
 
 def test_head_shards_of_the_tiny_and_the_flash_shapes():

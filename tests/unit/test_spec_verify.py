@@ -14,6 +14,8 @@ from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch
 from deepinfer.model_executor.layers.spec_verify import NO_TOKEN, VerifyBatch, verify
 from deepinfer.sampling_params import SamplingParams
 
+from tests.support.verify_cases import mixed_case
+
 CHI2_DF5_999 = 20.515  # chi-square 0.999 quantiles: 5 degrees of freedom (V = 6),
 CHI2_DF3_999 = 16.266  # and 3 (4 tokens left after top-k)
 TV_BOUND = 0.02  # sampling noise at 20k trials is ~0.006 (E|freq - p| summed / 2)
@@ -203,20 +205,6 @@ def reference_request(logits, drafts, draft_lp, params, seed, pos, alpha):
                                              torch.from_numpy(sample_uniforms([seed], [pos + j])))))
         return j, out
     raise AssertionError("unreachable")
-
-
-def mixed_case(r=60, b=4, vocab=40, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    kinds = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
-             SamplingParams(temperature=0.6, top_p=0.8), SamplingParams(temperature=1.2, top_k=7),
-             SamplingParams(temperature=0.9, min_p=0.1)]
-    params = [kinds[i % len(kinds)] for i in range(r)]
-    logits = torch.randn(r, b + 1, vocab, generator=g) * 2
-    # Drafts close to the target (so acceptance varies) but not equal to it.
-    draft_lp = torch.log_softmax(logits[:, :b] + torch.randn(r, b, vocab, generator=g), -1)
-    drafts = torch.multinomial(draft_lp.exp().reshape(-1, vocab), 1, generator=g).reshape(r, b)
-    drafts[::7, 2:] = NO_TOKEN  # some requests verify only 2 drafts
-    return params, logits, drafts, draft_lp
 
 
 def test_batched_equals_sequential_reference():

@@ -1,5 +1,5 @@
 """The step message codec, the /dev/shm step ring and the data-parallel split, without processes
-(the multi-rank tests run them across real ones: tests/test_multi_rank.py)."""
+(the multi-rank tests run them across real ones: tests/process/test_multi_rank_engine.py)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.worker.cache_engine import cache_layout
 from deepinfer.worker.step_fanout import split_groups
-from model_helpers import tiny_config
+from tests.support.model_helpers import tiny_config
 
 
 def _layout(kind="v41"):

@@ -1,6 +1,5 @@
 """Tiny checkpoints (docs/model.md §7): layout, formats, counts, loading, and transformers on the V4 one."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -14,7 +13,8 @@ from deepinfer.config import ModelConfig
 from deepinfer.model_executor import tiny_checkpoint as tc
 from deepinfer.model_executor.loader import load_weights
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import load_script
+
 
 
 def _headers(d: Path) -> dict[str, tuple[str, tuple, str]]:
@@ -45,9 +45,7 @@ def v4u_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def v4q_dir(tmp_path_factory):
     """The fp8 V4 variant, written through the command line script."""
-    spec = importlib.util.spec_from_file_location("make_tiny", ROOT / "examples/neuron/make_tiny_checkpoint.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("examples/neuron/make_tiny_checkpoint.py")
     out = tmp_path_factory.mktemp("v4q")
     assert cli.main(["--kind", "v4", "--out", str(out), "--seed", "0"]) == 0
     return out
