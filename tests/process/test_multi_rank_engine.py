@@ -62,14 +62,10 @@ def references(tiny_v4_dir, tiny_v41_dir):
     return out
 
 
-# By default: the 4-rank worlds and cp = ep = 2 on V4.1 (the target model). cp2 and ep2 alone on V4.1
-# run by default in tests/process/test_multi_rank_spec.py (speculative decoding against a single rank: the same
-# main forward, plus the draft blocks), cp = ep = 2 on V4 through the server below; those and the other
-# V4 worlds are marked slow to keep the suite inside its time budget (-m slow runs them).
-DEFAULT = {("cp4-lanes2", "v41"), ("ep4", "v41"), ("cp2-ep2", "v41")}
-CASES = [pytest.param(name, kind, id=f"{name}-{kind}",
-                      marks=[] if (name, kind) in DEFAULT else [pytest.mark.slow])
-         for kind in ("v4", "v41") for name in CONFIGS]
+# `make test` runs cp = ep = 2 on V4.1 (the target model); cp2 and ep2 alone on V4.1 also run there in
+# tests/process/test_multi_rank_spec.py (the same main forward, plus the draft blocks). The other worlds
+# are left to `make test-all` (tests/support/slow_tests.py).
+CASES = [pytest.param(name, kind, id=f"{name}-{kind}") for kind in ("v4", "v41") for name in CONFIGS]
 
 
 @pytest.mark.parametrize("name, kind", CASES)

@@ -4,10 +4,10 @@ edits sys.path (helpers are imported as tests.support.*, example scripts loaded 
 import ast
 import re
 
-from tests.support import REPO
+from tests.support import REPO, TIERS
+from tests.support.slow_tests import SLOW
 
 TESTS = REPO / "tests"
-TIERS = ("unit", "engine", "process", "neuron", "repo")
 FILES = sorted(p for p in TESTS.rglob("*.py"))
 
 
@@ -44,3 +44,17 @@ def test_no_test_edits_sys_path():
     bad = [p.relative_to(REPO).as_posix() for p in FILES
            if re.search(r"\bsys\.path\.(insert|append|extend)\b|\bsys\.path\s*=", p.read_text())]
     assert not bad, bad
+
+
+def test_every_slow_entry_names_a_test():
+    missing = []
+    for entry in SLOW:
+        path, _, name = entry.partition("::")
+        file = TESTS / path
+        if not file.is_file():
+            missing.append(entry)
+            continue
+        functions = {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)}
+        if name and name.split("[", 1)[0] not in functions:
+            missing.append(entry)
+    assert not missing, f"tests/support/slow_tests.py names tests that do not exist: {missing}"

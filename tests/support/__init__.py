@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
+# The tiers of the suite, one directory of tests/ each (pytest.ini has a marker for each).
+TIERS = ("unit", "engine", "process", "neuron", "repo")
 
 
 def load_script(relpath: str) -> ModuleType:
