@@ -21,6 +21,7 @@ from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, Pack
 from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.worker.worker import build_model
 from tests.support.model_helpers import run_chunks
+from tests.support.near_ties import NearTies, selections_replayed
 
 g = torch.Generator().manual_seed(0)
 
@@ -120,7 +121,7 @@ def _ids(n, seed=5):
 
 
 @pytest.mark.parametrize("fixture", ["tiny_v41_dir", "tiny_v4_dir"])
-def test_packed_and_dense_forwards_agree(fixture, request):
+def test_packed_and_dense_forwards_agree(fixture, request, monkeypatch):
     model_dir = request.getfixturevalue(fixture)
     dense, packed = _models(model_dir, torch.float32)
     kinds = {type(m) for m in packed.modules() if is_packed(m)}
@@ -129,16 +130,34 @@ def test_packed_and_dense_forwards_agree(fixture, request):
         assert PackedFp8Table in kinds
     assert not any(is_packed(m) for m in dense.modules())
     ids = _ids(40)
-    a, b = run_chunks(dense, ids, [40]), run_chunks(packed, ids, [40])
+    with selections_replayed(monkeypatch, dense) as fp32_selections:
+        a = run_chunks(dense, ids, [40])
+    with selections_replayed(monkeypatch, packed) as prefill_selections:
+        b = run_chunks(packed, ids, [40])
     assert (a - b).abs().max().item() < 1e-4 * a.abs().max().item()
-    # prefill == token-by-token decode == chunked prefill on packed weights
-    decode, chunked = run_chunks(packed, ids, [1] * 40), run_chunks(packed, ids, [7, 20, 13])
+    # prefill == token-by-token decode == chunked prefill on packed weights. Fed in other chunks the
+    # indexer's scores round differently (other GEMM shapes), and with AVX2 kernels one V4.1 top-k entry
+    # at a 3-ulp margin flips (logits then differ by 0.29): a selection may differ from the prefill's
+    # only at such a near-tie, and is then replayed (tests/support/near_ties.py).
+    ties = NearTies("packed decode / chunked selections vs the prefill's", threshold=1e-5)
+    with selections_replayed(monkeypatch, packed, prefill_selections, ties):
+        decode = run_chunks(packed, ids, [1] * 40)
+    with selections_replayed(monkeypatch, packed, prefill_selections, ties):
+        chunked = run_chunks(packed, ids, [7, 20, 13])
     assert (decode - b).abs().max().item() < 1e-4 and (chunked - b).abs().max().item() < 1e-4
-    # bf16 on the tiny random model is noisy in either form (a routing tie can flip an expert: the
-    # dense bf16 logits reach a min cosine of ~0.92 against fp32 at one V4.1 position), so the packed
+    # bf16 on the tiny random model flips routing and indexer choices wherever fp32 decided within a
+    # few bf16 ulps (8-11 of the ~480 decisions of this sequence; left free, one flipped expert takes the
+    # dense bf16 logits to a cosine of ~0.92 against fp32 at one V4.1 position, and where depends on the
+    # CPU's kernels). So both bf16 forwards take the fp32 selections at those near-ties, and the packed
     # bf16 forward must track the fp32 reference as closely as the dense bf16 forward does.
     bd, bp = _models(model_dir, torch.bfloat16)
-    x, y = run_chunks(bd, ids, [40], dtype=torch.bfloat16), run_chunks(bp, ids, [40], dtype=torch.bfloat16)
+    bf16_runs = []
+    for model in (bd, bp):
+        near = NearTies(f"bf16 {'packed' if model is bp else 'dense'} selections vs fp32", threshold=2e-2,
+                        max_excused=16)
+        with selections_replayed(monkeypatch, model, fp32_selections, near):
+            bf16_runs.append(run_chunks(model, ids, [40], dtype=torch.bfloat16))
+    x, y = bf16_runs
     cos_dense = torch.nn.functional.cosine_similarity(x, a, dim=-1)
     cos_packed = torch.nn.functional.cosine_similarity(y, a, dim=-1)
     assert cos_packed.mean().item() > cos_dense.mean().item() - 2e-3
