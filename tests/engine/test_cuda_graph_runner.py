@@ -30,6 +30,7 @@ from deepinfer.worker.worker import Worker, build_model
 
 from tests.support.model_helpers import (Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config,
                                          tiny_model)
+from tests.support.near_ties import NearTies, sampled_tokens_replayed
 from tests.support.spec_runs import oracle_drafts
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
@@ -211,7 +212,10 @@ def test_engine_tokens_equal_eager(kind, mode, tiny_v4_dir, tiny_v41_dir, monkey
     With compact (fp8 / fp4) KV records, the eager reference runs the fixed-shape MoE too: the two
     MoE forms differ in fp32 rounding (~1e-7), and re-quantizing the KV cache every step can turn such
     a difference into another sampled token a few steps later, which would say nothing about the
-    runner."""
+    runner. The GEMMs of a step padded to its bucket round differently from the eager step's too (the
+    logits differ by up to ~1e-5 here, more on other CPUs' kernels), so a token may differ from the
+    eager one only where the eager sampler decided within 0.05 of a logit, and is then replayed
+    (tests/support/near_ties.py): at most two such tokens, every other token equal."""
     d = tiny_v4_dir if kind == "v4" else tiny_v41_dir
     model = build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False)
     if mode == "compact":
@@ -220,11 +224,14 @@ def test_engine_tokens_equal_eager(kind, mode, tiny_v4_dir, tiny_v41_dir, monkey
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, top_p=0.9, seed=i, max_tokens=3 + 4 * i,
                              ignore_eos=True) for i in range(5)]
     kw = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512, kv_cache_mode=mode)
-    want = [o.outputs[0].token_ids for o in _engine(d, model, EagerStrategy, **kw).generate(prompts, params,
-                                                                                           use_tqdm=False)]
+    eager = _engine(d, model, EagerStrategy, **kw)
+    eager_steps = sampled_tokens_replayed(eager.llm_engine.worker.runner)
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     spec = BucketSpec(batch=cuda_batch_buckets(8), contexts=None, prefill_tokens=None, max_model_len=256)
     monkeypatch.undo()
     llm = _engine(d, model, _host_runner(spec), **kw)
+    sampled_tokens_replayed(llm.llm_engine.worker.runner, eager_steps,
+                            NearTies("graph runner tokens vs eager", threshold=0.05, max_excused=2))
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
     r = llm.llm_engine.worker.runner.strategy

@@ -51,7 +51,7 @@ class NearTies:
 
 # -- the model's selections -------------------------------------------------------------------------
 
-def _topk_margin(scores: torch.Tensor, k: int) -> torch.Tensor:
+def topk_margin(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Per row: (k-th largest - (k+1)-th largest) / max |score| over the finite scores; inf when fewer
     than k + 1 finite scores (nothing was left out)."""
     s = torch.sort(scores.float(), dim=-1, descending=True).values
@@ -115,11 +115,11 @@ def selections_replayed(monkeypatch, model, reference: dict | None = None, ties:
         idx, _ = real_route(x, gate_w, bias, topk, scaling)
         sel = torch.sqrt(torch.nn.functional.softplus(x.float() @ gate_w.float().t()))
         sel = sel + bias.float() if bias is not None else sel
-        idx = log.decide("MoE routing", idx, _topk_margin(sel, topk))
+        idx = log.decide("MoE routing", idx, topk_margin(sel, topk))
         return real_route(x, gate_w, bias, topk, scaling, idx)   # weights from this run's own scores
 
     def stable_topk(scores, k):
-        return log.decide("indexer top-k", real_topk(scores, k), _topk_margin(scores, min(k, scores.shape[1])))
+        return log.decide("indexer top-k", real_topk(scores, k), topk_margin(scores, min(k, scores.shape[1])))
 
     with monkeypatch.context() as m:
         m.setattr(v4_ffn, "route", route)
@@ -133,7 +133,7 @@ def selections_replayed(monkeypatch, model, reference: dict | None = None, ties:
 
 # -- the engine's sampled tokens --------------------------------------------------------------------
 
-def _flip_margin(sampler, logits: torch.Tensor, batch, tokens: torch.Tensor, row: int, limit: float) -> float:
+def flip_margin(sampler, logits: torch.Tensor, batch, tokens: torch.Tensor, row: int, limit: float) -> float:
     """Smallest drop (on a ladder of factors of 2 up to `limit`) of the logit of tokens[row] at which the
     sampler, given the same batch (the same uniform draws), picks another token in that row; inf when
     none up to `limit` does."""
@@ -165,7 +165,7 @@ class _StepSampler:
             raise AssertionError(f"step {step}: {out.token_ids.numel()} sampled rows, the reference had "
                                  f"{ref_tokens.numel()}: the two engines did not schedule alike")
         for row in (out.token_ids != ref_tokens).nonzero().flatten().tolist():
-            margin = _flip_margin(self.sampler, ref_logits, ref_batch, ref_tokens, row, self.ties.threshold)
+            margin = flip_margin(self.sampler, ref_logits, ref_batch, ref_tokens, row, self.ties.threshold)
             self.ties.excuse(f"step {step} row {row} ({int(out.token_ids[row])} for {int(ref_tokens[row])})",
                              margin)
             out.token_ids[row] = ref_tokens[row]
