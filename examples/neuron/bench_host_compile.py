@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 
 def bench_kind(kind: str, args) -> dict:
@@ -34,7 +33,7 @@ def bench_kind(kind: str, args) -> dict:
     from deepinfer.worker.runners import EagerStrategy, NeuronRegionStrategy
     from deepinfer.model_executor.static_step import BucketSpec
     from deepinfer.worker.worker import build_model
-    from model_helpers import Seqs, tiny_model
+    from tests.support.model_helpers import Seqs, tiny_model
 
     ckpt = Path(args.ckpt_dir) / f"tiny-{kind}"
     if not (ckpt / "config.json").exists():

@@ -58,3 +58,12 @@ def test_every_slow_entry_names_a_test():
         if name and name.split("[", 1)[0] not in functions:
             missing.append(entry)
     assert not missing, f"tests/support/slow_tests.py names tests that do not exist: {missing}"
+
+
+def test_scripts_import_test_helpers_as_tests_support():
+    """examples/ and docker/ reach the helpers as tests.support.* from the repository root, never by
+    putting tests/ itself on sys.path (tests/neuron/test_scripts.py runs them)."""
+    scripts = [*(REPO / "examples").rglob("*.py"), REPO / "docker" / "neuron" / "Dockerfile"]
+    bad = [p.relative_to(REPO).as_posix() for p in scripts
+           if re.search(r"sys\.path\.insert\(.*[\"']tests[\"']", p.read_text())]
+    assert not bad, bad
