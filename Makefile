@@ -9,7 +9,7 @@ TINY_V41 := checkpoints/tiny-v41
 TORCH_INDEX ?=
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: run test install
+.PHONY: run test test-all install
 
 install: $(STAMP)
 
@@ -26,5 +26,10 @@ $(TINY_V41)/config.json: | $(STAMP)
 run: $(STAMP) $(TINY_V41)/config.json
 	$(PY) examples/offline_inference.py --model $(TINY_V41)
 
+# The default tier: every test not marked slow (README "Tests" says what each command runs).
 test: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow"
+
+# Every tier, the slow tests and benchmarks included (CI runs this: .ci/run).
+test-all: $(STAMP)
+	$(PY) -m pytest -q tests -m "slow or not slow"

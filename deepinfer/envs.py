@@ -5,9 +5,9 @@ module attribute `envs.DEEPINFER_X`), never cached at import, so tests can monke
 Code that is traced (Neuron regions) must resolve what it needs before tracing, so Dynamo never
 guards on the environment.
 
-To add a variable: append an `EnvVar` row below, read it where it takes effect (tests/test_env_reads.py
+To add a variable: append an `EnvVar` row below, read it where it takes effect (tests/repo/test_env_reads.py
 fails for a variable that nothing outside this module reads), then regenerate the README table with
-`python -m deepinfer.envs` (tests/test_envs_readme.py fails until the README matches).
+`python -m deepinfer.envs` (tests/repo/test_envs_readme.py fails until the README matches).
 """
 
 from __future__ import annotations

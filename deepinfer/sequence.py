@@ -187,7 +187,7 @@ class Sequence:
         No engine path calls this: speculative decoding never appends a rejected draft (the
         scheduler appends only the tokens a step emitted, engine/scheduler.py `update`) and
         preemption recomputes instead. It is the one way to shorten a sequence that keeps every
-        output snapshot handed out earlier true (below; tests/test_request_outputs.py).
+        output snapshot handed out earlier true (below; tests/engine/test_request_outputs.py).
 
         Output tokens past new_len are dropped with their logprobs; the cache needs nothing
         else, because every cache entry is keyed by position and is rewritten before it is read

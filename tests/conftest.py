@@ -1,4 +1,9 @@
-"""Shared fixtures: tiny checkpoints built once per session, and the neuron_device skip.
+"""Shared fixtures: tiny checkpoints built once per session, the tier markers, and the neuron_device skip.
+
+Each test carries the marker of its tier, the directory it is in (tests/unit, tests/engine,
+tests/process, tests/neuron, tests/repo; pytest.ini lists them), so `-m process` selects a tier; the
+tests listed in tests/support/slow_tests.py (by measured cost) are marked slow, so `make test` leaves
+them to `make test-all`.
 
 The suite runs torch with one intra-op thread (and passes OMP_NUM_THREADS=1 to the server
 subprocesses it starts): the tiny model's ops are microseconds of work, and two OpenMP threads on a
@@ -6,16 +11,35 @@ subprocesses it starts): the tiny model's ops are microseconds of work, and two 
 measured 0.1 s with one thread and 1.9 s with two under load). Benchmarks keep the default."""
 import glob
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.support import TIERS  # noqa: E402
+from tests.support.slow_tests import SLOW  # noqa: E402
+
 torch.set_num_threads(1)
 
+TESTS = Path(__file__).resolve().parent
 
+
+def _listed_slow(path: str, name: str) -> bool:
+    function = name.split("[", 1)[0]
+    return bool({path, f"{path}::{function}", f"{path}::{name}"} & SLOW.keys())
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects: a tier marker must be there when it does
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = item.path.resolve().relative_to(TESTS)
+        if len(rel.parts) < 2 or rel.parts[0] not in TIERS:
+            raise pytest.UsageError(f"tests/{rel}: a test file belongs in one of the tiers tests/{{{','.join(TIERS)}}}")
+        item.add_marker(getattr(pytest.mark, rel.parts[0]))
+        if _listed_slow(rel.as_posix(), item.name):
+            item.add_marker(pytest.mark.slow)
     if glob.glob("/dev/neuron*"):
         return
     skip = pytest.mark.skip(reason="needs a Neuron device (no /dev/neuron* here)")

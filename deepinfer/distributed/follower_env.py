@@ -1,7 +1,7 @@
 """The environment a follower rank's process starts with (docs/neuron.md §2.3, §5.7).
 
 A follower inherits the launcher's environment with two changes: the package root goes first on
-PYTHONPATH (a follower runs `python -m deepinfer.worker.follower` from any working directory), and
+PYTHONPATH (a follower runs `python -m deepinfer.executor.follower` from any working directory), and
 the Neuron runtime's profiler switches (`NEURON_RT_INSPECT_*`) are left out. Those name one output
 directory, so with them every rank of a host would write its profile over the others'; the driver
 keeps them and profiles for the group.

@@ -69,7 +69,7 @@ def is_engram_table(name: str) -> bool:
 
 def is_fp32_tensor(name: str) -> bool:
     """Tensors the model holds in fp32 whatever the compute dtype (docs/model.md §2.1); the loader
-    keeps them fp32 when it casts to a requested dtype. tests/test_checkpoint_schema.py checks this
+    keeps them fp32 when it casts to a requested dtype. tests/unit/test_checkpoint_schema.py checks this
     rule against the F32 tensors of the meta-built models."""
     leaf = name.rsplit(".", 1)[-1]
     return (leaf.startswith("hc_") and leaf.endswith(("_fn", "_base", "_scale"))) or leaf == "attn_sink" \

@@ -1,6 +1,6 @@
 """CUDA: the same PyTorch path on a GPU; decode steps replay CUDA graphs per (row, context) bucket
 (worker/runners/cuda_graphs.py). Nothing on this path has run on a GPU in this project unless a
-GPU test run says so (tests/test_cuda_graph_runner.py, skipped without CUDA)."""
+GPU test run says so (tests/engine/test_cuda_graph_runner.py, skipped without CUDA)."""
 import torch
 
 from deepinfer.model_executor.static_step import BucketSpec

@@ -1,7 +1,7 @@
 """The Platform interface (docs/architecture.md): everything that differs per accelerator.
 
 The engine and the worker ask; the platform answers and never imports worker or engine code
-(tests/test_import_cycles.py). Every member here is used by the engine.
+(tests/repo/test_import_cycles.py). Every member here is used by the engine.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ Sampled request, with q the draft's processed distribution (draft_logprobs), per
   3. when all B drafts are accepted, emit a case-0 draw from p of row B: the very token the
      plain sampler would draw at that position, so B = 0 is ordinary sampling.
 Steps 1-2 make each emitted token distributed exactly as p (up to the alpha term below) when
-d_j was drawn from q; tests/test_spec_verify.py measures that.
+d_j was drawn from q; tests/unit/test_spec_verify.py measures that.
 
 alpha < 1 (upstream DeepInfer's DRAFT_PROB_PENALTY) keeps the residual nonzero when p and q agree up to
 rounding and a rejection still happens; it moves at most (1 - alpha) ~ 5e-5 of mass. Pass

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 
 def bench_kind(kind: str, args) -> dict:
@@ -34,7 +33,7 @@ def bench_kind(kind: str, args) -> dict:
     from deepinfer.worker.runners import EagerStrategy, NeuronRegionStrategy
     from deepinfer.model_executor.static_step import BucketSpec
     from deepinfer.worker.worker import build_model
-    from model_helpers import Seqs, tiny_model
+    from tests.support.model_helpers import Seqs, tiny_model
 
     ckpt = Path(args.ckpt_dir) / f"tiny-{kind}"
     if not (ckpt / "config.json").exists():
@@ -95,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=128, help="context bucket")
     ap.add_argument("--warmup", type=int, default=2, help="decode steps before timing (compiles happen here)")
     ap.add_argument("--steps", type=int, default=20, help="timed decode steps per runner")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: see tests/neuron/conftest.py)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: see tests/conftest.py)")
     ap.add_argument("--ckpt-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "deepinfer-tiny"))
     ap.add_argument("--out", default="bench_host_compile.json")
     args = ap.parse_args(argv)

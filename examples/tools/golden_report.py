@@ -16,11 +16,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.worker.worker import build_model  # noqa: E402
-from model_helpers import run_chunks  # noqa: E402
+from tests.support.model_helpers import run_chunks  # noqa: E402
 
 
 def _ids(n, seed):

@@ -71,7 +71,7 @@ def test_warm_up_reports_the_cache_without_claiming_device_work(monkeypatch, tmp
     from deepinfer.model_executor.static_step import BucketSpec
     from deepinfer.neuron_ops.regions import RegionRunner
     from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
-    from model_helpers import Seqs, tiny_config, tiny_model
+    from tests.support.model_helpers import Seqs, tiny_config, tiny_model
 
     spec = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=16)
     host = NeuronPlatform(host=True)

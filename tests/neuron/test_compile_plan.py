@@ -19,7 +19,7 @@ from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.worker.runners.eager import EagerStrategy
 from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
 from deepinfer.worker.worker import build_model
-from model_helpers import Seqs, tiny_config, tiny_model
+from tests.support.model_helpers import Seqs, tiny_config, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 V41_FLASH = ROOT / "examples" / "configs" / "v41-flash.json"

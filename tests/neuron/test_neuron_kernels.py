@@ -6,7 +6,7 @@ import torch
 
 from deepinfer.model_executor.layers import moe, quant
 from deepinfer.neuron_ops import fp8, kernel_routing, refs
-from neuron_cases import kernel_args, rnd
+from tests.support.neuron_cases import kernel_args, rnd
 
 ARGS = kernel_args()
 

@@ -16,7 +16,7 @@ from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.worker.runners import EagerStrategy, NeuronRegionStrategy
 from deepinfer.worker.worker import build_model
-from model_helpers import Seqs
+from tests.support.model_helpers import Seqs
 
 
 def test_registry_names_and_argument_lists():

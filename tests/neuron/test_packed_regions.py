@@ -14,7 +14,7 @@ from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.worker.runners import EagerStrategy, NeuronRegionStrategy
 from deepinfer.worker.worker import build_model
-from model_helpers import Seqs
+from tests.support.model_helpers import Seqs
 
 PROMPTS = [[0, 17, 400, 9, 3000, 5, 6, 7, 8, 12, 13], [0, 55, 66, 77, 88]]
 SPEC = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None)   # decode steps compiled

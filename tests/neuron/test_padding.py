@@ -6,7 +6,8 @@ import pytest
 from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
 from deepinfer.platforms.neuron.platform import NeuronPlatform
-from model_helpers import Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config, tiny_model
+from tests.support.model_helpers import (Seqs, assert_padding_wrote_only_scratch, run_in_lockstep, tiny_config,
+                                         tiny_model)
 
 PROMPTS = [[0, 17, 400, 9, 3000, 5, 6, 7, 8, 12, 13], [0, 55, 66, 77, 88]]
 SLOTS, BLOCKS = 5, 13

@@ -16,7 +16,7 @@ from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
 from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.worker.runners.eager import EagerStrategy
 from deepinfer.worker.worker import build_model
-from model_helpers import Seqs, run_in_lockstep, tiny_config, tiny_model
+from tests.support.model_helpers import Seqs, run_in_lockstep, tiny_config, tiny_model
 
 PROMPTS = [[0, 17, 400, 9, 3000, 5, 6, 7, 8, 12, 13], [0, 55, 66, 77, 88]]
 # V4: prompt steps padded to 16 tokens, decode steps to 2 rows: buckets (16, 64) and (2, 64).

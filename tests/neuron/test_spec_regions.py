@@ -11,7 +11,8 @@ from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.platforms.neuron.platform import NeuronPlatform
 from deepinfer.worker.worker import Worker, build_model
-from test_spec_decode import _oracle, _prompts, _tokens
+
+from tests.support.spec_runs import oracle_drafts, prompts_of_lengths, token_lists
 
 B = 3
 
@@ -26,15 +27,15 @@ def _llm(d, cfg, platform, worker_kw=None, **kw):
 
 def test_verification_rows_in_region_graphs_give_cpu_greedy_tokens(tiny_v41_dir, monkeypatch):
     cfg = ModelConfig.from_pretrained(tiny_v41_dir)
-    prompts = _prompts((9, 20), seed=7)
+    prompts = prompts_of_lengths((9, 20), seed=7)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    want = _tokens(_llm(tiny_v41_dir, cfg, CpuPlatform()).generate(prompts, params, use_tqdm=False))
-    _oracle(monkeypatch, prompts, want)
+    want = token_lists(_llm(tiny_v41_dir, cfg, CpuPlatform()).generate(prompts, params, use_tqdm=False))
+    oracle_drafts(monkeypatch, prompts, want)
     # Decode rows of 2, verification rows of 2 x (1 + B); prompt steps eager, to keep compiling short
     # (the platform's own spec adds its prefill bucket: NeuronPlatform.bucket_spec).
     buckets = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None, verify_tokens=1 + B)
     llm = _llm(tiny_v41_dir, cfg, NeuronPlatform(host=True), {"buckets": buckets}, num_speculative_tokens=B)
-    got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+    got = token_lists(llm.generate(prompts, params, use_tqdm=False))
     assert got == want
     strategy = llm.llm_engine.worker.runner.strategy
     assert strategy.name == "neuron_regions"

@@ -18,7 +18,7 @@ Per row, in order (all fp32):
      ties, §6.3), which is what the T = 1e-5 path gives short of near-exact logit ties.
 
 Every operation works along the vocab axis of one row, so a row's result depends only on its
-own logits and parameters (batch invariance); tests/test_sampler.py checks it.
+own logits and parameters (batch invariance); tests/unit/test_sampler.py checks it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ included), copy it into the bucket's persistent device buffers and replay. The m
 `StepInputs.static_shapes`, so its routed MoE takes the fixed-shape kernel ("moe_experts_static":
 no bincount, no `.tolist()`); every other op of the forward is sync-free already, and per-device
 tables (RoPE, Engram hashing) are made on first use, during the warm-up before a capture
-(tests/test_cuda_graph_runner.py checks both on meta tensors).
+(tests/engine/test_cuda_graph_runner.py checks both on meta tensors).
 
 A bucket's graph is captured the first time a step needs it, or at start-up by `warm_up`
 (EngineConfig.warmup_graphs), from a step of placeholder rows only: the warm-up forwards and the

@@ -28,7 +28,7 @@ def _to(x, device):
 
 @pytest.mark.parametrize("name", sorted(kernel_routing.KERNEL_NAMES))
 def test_device_kernel_matches_host_reference(platform, name):
-    from neuron_cases import kernel_case
+    from tests.support.neuron_cases import kernel_case
     args, kw = kernel_case(name)
     want = kernel_routing.reference(name)(*args, **kw)
     fn = torch.compile(platform.kernel(name), backend="neuron", fullgraph=True, dynamic=False)
@@ -41,7 +41,7 @@ def test_region_graphs_compile_on_device_and_match_host(platform):
     from deepinfer.model_executor.static_step import BucketSpec
     from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
     from deepinfer.platforms.neuron.platform import NeuronPlatform
-    from model_helpers import Seqs, tiny_config, tiny_model
+    from tests.support.model_helpers import Seqs, tiny_config, tiny_model
     cfg = tiny_config("v4", 2)
     host = tiny_model(cfg, NeuronPlatform(host=True))
     dev = tiny_model(cfg, platform, like=host).to(platform.device)
