@@ -30,6 +30,10 @@ class _Proc:
     def __init__(self):
         self.code = None
 
+    @property
+    def returncode(self):   # what the ranks' watchdog reads after poll()
+        return self.code
+
     def poll(self):
         return self.code
 
