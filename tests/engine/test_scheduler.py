@@ -15,6 +15,7 @@ from deepinfer.engine_config import EngineConfig
 from deepinfer.entrypoints.llm import LLM
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import SequenceStatus
+from deepinfer.step_result import StepResult, sampled_rows
 
 from tests.support.toy_engine import (EOS, VOCAB, ToySamplerOutput, ToyWorker, assert_pool_empty, make_engine,
                                       make_seq, reference_tokens, run_all, text_engine)
