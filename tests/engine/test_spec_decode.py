@@ -15,7 +15,7 @@ from deepinfer import SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.engine_config import EngineConfig
 from deepinfer.spec import decoder, proposer
-from deepinfer.worker.worker import Worker, build_model
+from deepinfer.worker.worker import build_model
 
 from tests.support.spec_runs import oracle_drafts, prompts_of_lengths, spec_llm, token_lists
 

@@ -3,7 +3,6 @@ killed, a follower host that cannot start. Real processes; /dev/shm is checked a
 (conftest.no_ring_segment_left)."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -44,7 +44,7 @@ def test_soak_refuses_a_non_loopback_server():
 
 
 def test_soak_with_shared_prefixes_hits_and_leaks_nothing(model_dir, tmp_path):
-    soak = _soak_module()
+    soak = load_script("examples/soak.py")
     # 40 blocks of 16: a few 130-token prompts in flight fill it, so idle cached blocks get reclaimed
     srv = ServerProcess(model_dir, "--num-kv-blocks", "40")
     try:

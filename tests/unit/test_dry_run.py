@@ -20,7 +20,6 @@ from deepinfer.tools import memory_report as mr
 from deepinfer.model_executor.loader import is_fp32_tensor
 from deepinfer.model_executor.checkpoint_schema import tensor_shapes
 from deepinfer.model_executor.tiny_checkpoint import v41_tiny_config
-from tests.support.model_helpers import tiny_config
 
 from tests.support import REPO
 from tests.support.model_helpers import tiny_config
