@@ -68,25 +68,31 @@ _CACHE: dict[str, dict[str, TensorSpec]] = {}
 _CACHE_SIZE = 8   # a meta build of V4.1-Flash takes seconds; reports ask for the same config repeatedly
 
 
-def checkpoint_schema(cfg) -> dict[str, TensorSpec]:
-    """Canonical name -> TensorSpec, in the model's state_dict order."""
+def _cached(cfg) -> dict[str, TensorSpec]:
+    # The cached dict itself, for this module's per-tensor lookups: a full-size config has ~10^5
+    # tensors, and copying the schema on every lookup made a report loop quadratic.
     key = repr(cfg)   # every field of the config (ModelConfig is a dataclass; its raw dict is not repr'd)
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = _derive(cfg)
-    return dict(_CACHE[key])
+    return _CACHE[key]
+
+
+def checkpoint_schema(cfg) -> dict[str, TensorSpec]:
+    """Canonical name -> TensorSpec, in the model's state_dict order (a copy: callers may edit it)."""
+    return dict(_cached(cfg))
 
 
 def tensor_shapes(cfg) -> dict[str, tuple]:
     """Canonical name -> dense shape."""
-    return {name: spec.shape for name, spec in checkpoint_schema(cfg).items()}
+    return {name: spec.shape for name, spec in _cached(cfg).items()}
 
 
 def tensor_format(cfg, name: str, quantized: bool = True) -> str:
     """How a checkpoint stores a canonical tensor (checkpoint_formats): quantized, the release
     format; else DENSE for everything but the fp32 and integer tensors."""
-    fmt = checkpoint_schema(cfg)[name].stored
+    fmt = _cached(cfg)[name].stored
     return fmt if quantized else unquantized(fmt)
 
 
@@ -95,14 +101,14 @@ def expected_tensor_specs(cfg, dtype: torch.dtype | None = None) -> dict[str, tu
     int64 for tid2eid, else `dtype` (default cfg.torch_dtype); `load_weights` takes it as `expected`."""
     dtype = dtype or cfg.torch_dtype
     return {name: (spec.shape, dtype if spec.compute_dtype else spec.dtype)
-            for name, spec in checkpoint_schema(cfg).items()}
+            for name, spec in _cached(cfg).items()}
 
 
 def count_parameters(cfg, include_buffers: bool = True) -> int:
     """Dense element count of every float tensor (tid2eid is an index table, never counted).
     include_buffers=False also drops ffn.gate.bias, which TF holds as a buffer: that count is TF's
     `num_parameters` (73,432,545 for the V4 tiny model)."""
-    return sum(math.prod(spec.shape) for name, spec in checkpoint_schema(cfg).items()
+    return sum(math.prod(spec.shape) for name, spec in _cached(cfg).items()
                if spec.dtype.is_floating_point and (include_buffers or not name.endswith("ffn.gate.bias")))
 
 
