@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from deepinfer.model_executor.checkpoint_formats import BF16, DENSE, F32, FP4, FP8, INT, TABLE
-from deepinfer.model_executor.checkpoint_schema import (expected_tensor_specs, no_weight_init, tensor_format,
-                                                        tensor_shapes)
+from deepinfer.model_executor.checkpoint_formats import BF16, DENSE, F32, FP4, FP8, INT, TABLE, unquantized
+from deepinfer.model_executor.checkpoint_schema import (checkpoint_schema, expected_tensor_specs, no_weight_init,
+                                                        tensor_format)
 
 COMPONENTS = ("attention_linears", "shared_expert", "routed_experts", "embed_head", "engram_tables",
               "other_linears", "norms_hc_other")
@@ -122,8 +122,8 @@ def config_weight_formats(cfg, fmt: CheckpointFormat | None = None) -> dict:
     if not fmt.quantized or fmt.fp8_scale_bytes != 1:   # float scales load dense
         return {}
     out = {}
-    for name in tensor_shapes(cfg):
-        kind = tensor_format(cfg, name, True)
+    for name, spec in checkpoint_schema(cfg).items():   # one schema read: ~10^5 tensors at full size
+        kind = spec.stored
         if kind == FP8:
             out[name] = WeightFormat("fp8", fmt.fp8_block)
         elif kind == FP4 and fmt.expert_dtype == "fp4":
@@ -180,7 +180,10 @@ def _fp4_bytes(shape: tuple, group: int = 32) -> int:
 
 def checkpoint_tensor_bytes(cfg, name: str, shape: tuple, fmt: CheckpointFormat) -> int:
     """Bytes of one canonical tensor (its dense shape) as the checkpoint stores it, scales included."""
-    kind = tensor_format(cfg, name, fmt.quantized)
+    return _stored_bytes(name, shape, tensor_format(cfg, name, fmt.quantized), fmt)
+
+
+def _stored_bytes(name: str, shape: tuple, kind: str, fmt: CheckpointFormat) -> int:
     n = math.prod(shape)
     if kind == INT:  # tid2eid: int64 unquantized, int32 in the quantized release (as the tiny writer)
         return n * (4 if fmt.quantized else 8)
@@ -203,8 +206,9 @@ def checkpoint_tensor_bytes(cfg, name: str, shape: tuple, fmt: CheckpointFormat)
 def checkpoint_bytes(cfg, fmt: CheckpointFormat | None = None) -> dict[str, int]:
     fmt = fmt or checkpoint_format(cfg)
     counts = empty_counts()
-    for name, shape in tensor_shapes(cfg).items():
-        counts[component_of(name)] += checkpoint_tensor_bytes(cfg, name, shape, fmt)
+    for name, spec in checkpoint_schema(cfg).items():   # one schema read, not one per tensor
+        kind = spec.stored if fmt.quantized else unquantized(spec.stored)
+        counts[component_of(name)] += _stored_bytes(name, spec.shape, kind, fmt)
     return _with_total(counts)
 
 
