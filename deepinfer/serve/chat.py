@@ -13,11 +13,11 @@ from starlette.responses import Response
 from deepinfer.sampling_params import StructuredOutputsParams
 from deepinfer.serve.chat_template import ROLES, ChatTurn, ToolCall, render_chat
 from deepinfer.serve.completions import check_length
-from deepinfer.serve.errors import APIError, bad_request, not_implemented, sse_error_event
-from deepinfer.serve.generation import EnginePrompt, Generation, respond
+from deepinfer.serve.errors import APIError, bad_request, not_implemented
+from deepinfer.serve.generation import EnginePrompt, Generation, respond, sse_body
 from deepinfer.serve.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from deepinfer.serve.reply_parser import ReplyParser, full_message, merge_fields
-from deepinfer.serve.responses import SSE_DONE, ChoiceState, chat_logprobs, new_id, now_s, sse, usage
+from deepinfer.serve.responses import ChoiceState, chat_logprobs, new_id, now_s, sse, usage
 from deepinfer.serve.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     state.check_capacity(1)
     gen = Generation(state.engine_loop, ctx.id, [EnginePrompt(token_ids, text)], [params])
     try:
-        return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
+        return await respond(request, gen, (lambda g: sse_body(_events(ctx, g), g, f"chat stream {ctx.id}")) if req.stream else None,
                              lambda finals: _full_response(ctx, finals[0]))
     except APIError as e:
         if e.param != "structured_outputs.structural_tag":
@@ -159,45 +159,35 @@ def _full_response(ctx: _Context, out) -> dict:
                                                          out.num_cached_tokens))
 
 
-async def _stream(ctx: _Context, gen: Generation):
+async def _events(ctx: _Context, gen: Generation):
     states: dict[int, ChoiceState] = {}
     parsers: dict[int, ReplyParser] = {}
     completion_tokens: dict[int, int] = {}
     cached_tokens = 0
-    try:
-        try:
-            async for _, out in gen.outputs():
-                cached_tokens = out.num_cached_tokens
-                for c in out.outputs:
-                    st = states.setdefault(c.index, ChoiceState())
-                    if not st.advance(c):
-                        continue
-                    completion_tokens[c.index] = st.num_tokens
-                    parser = parsers.setdefault(c.index, ctx.reply_parser())
-                    delta = parser.feed(c.delta_text)
-                    if c.finish_reason is not None:
-                        delta = merge_fields(delta, parser.finish())
-                    if not st.started:
-                        st.started = True
-                        delta = {"role": "assistant", **delta}
-                    elif not delta and c.finish_reason is None and not ctx.req.logprobs:
-                        continue  # everything this delta brought is held back
-                    if not delta.keys() & {"content", "reasoning_content", "tool_calls"}:
-                        delta["content"] = ""
-                    choice = {"index": c.index, "delta": delta,
-                              "finish_reason": parser.finish_reason(c.finish_reason),
-                              "stop_reason": c.stop_reason, "logprobs": ctx.logprobs(c.delta_logprobs)}
-                    yield sse(ctx.envelope("chat.completion.chunk", [choice], stream=True))
-            if ctx.req.include_usage:
-                yield sse(ctx.envelope("chat.completion.chunk", [],
-                                       usage(ctx.prompt_tokens, sum(completion_tokens.values()),
-                                             cached_tokens),
-                                       stream=True))
-        except APIError as e:
-            yield sse_error_event(e.status, e.message, e.param)
-        except Exception as e:  # noqa: BLE001 - contained to this stream
-            logger.exception("chat stream %s failed", ctx.id)
-            yield sse_error_event(500, f"internal error: {e!r}")
-        yield SSE_DONE
-    finally:
-        gen.abort()
+    async for _, out in gen.outputs():
+        cached_tokens = out.num_cached_tokens
+        for c in out.outputs:
+            st = states.setdefault(c.index, ChoiceState())
+            if not st.advance(c):
+                continue
+            completion_tokens[c.index] = st.num_tokens
+            parser = parsers.setdefault(c.index, ctx.reply_parser())
+            delta = parser.feed(c.delta_text)
+            if c.finish_reason is not None:
+                delta = merge_fields(delta, parser.finish())
+            if not st.started:
+                st.started = True
+                delta = {"role": "assistant", **delta}
+            elif not delta and c.finish_reason is None and not ctx.req.logprobs:
+                continue  # everything this delta brought is held back
+            if not delta.keys() & {"content", "reasoning_content", "tool_calls"}:
+                delta["content"] = ""
+            choice = {"index": c.index, "delta": delta,
+                      "finish_reason": parser.finish_reason(c.finish_reason),
+                      "stop_reason": c.stop_reason, "logprobs": ctx.logprobs(c.delta_logprobs)}
+            yield sse(ctx.envelope("chat.completion.chunk", [choice], stream=True))
+    if ctx.req.include_usage:
+        yield sse(ctx.envelope("chat.completion.chunk", [],
+                               usage(ctx.prompt_tokens, sum(completion_tokens.values()),
+                                     cached_tokens),
+                               stream=True))

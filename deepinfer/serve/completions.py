@@ -9,8 +9,8 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from deepinfer.serve.errors import APIError, bad_request, sse_error_event
-from deepinfer.serve.generation import EnginePrompt, Generation, respond
+from deepinfer.serve.errors import bad_request
+from deepinfer.serve.generation import EnginePrompt, Generation, respond, sse_body
 from deepinfer.serve.protocol import MAX_CHOICES, MAX_PROMPTS, CompletionRequest, parse_body
 from deepinfer.serve.responses import (SSE_DONE, ChoiceState, completion_logprobs, echo_logprobs,
                                        join_logprobs, new_id, now_s, sse, usage)
@@ -48,7 +48,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         params = [dataclasses.replace(p, prompt_logprobs=req.logprobs) for p in params]
     state.check_capacity(len(prompts))
     gen = Generation(state.engine_loop, ctx.id, prompts, params)
-    return await respond(request, gen, (lambda g: _stream(ctx, g)) if req.stream else None,
+    return await respond(request, gen, (lambda g: sse_body(_events(ctx, g), g, f"completion stream {ctx.id}")) if req.stream else None,
                          lambda finals: _full_response(ctx, finals))
 
 
@@ -206,46 +206,36 @@ def _echo_only(ctx: _Context) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-async def _stream(ctx: _Context, gen: Generation):
+async def _events(ctx: _Context, gen: Generation):
     n = ctx.req.n
     tokenizer = ctx.state.tokenizer
     states: dict[int, ChoiceState] = {}
     completion_tokens: dict[int, int] = {}
     cached_tokens: dict[int, int] = {}
     scoring = ctx.req.scoring_only
-    try:
-        try:
-            async for p_index, out in gen.outputs():
-                cached_tokens[p_index] = out.num_cached_tokens
-                for c in out.outputs:
-                    index = p_index * n + c.index
-                    st = states.setdefault(index, ChoiceState())
-                    if scoring and not c.finished():
-                        continue  # the answer is the scored prompt, sent once, when it finishes
-                    if not st.advance(c):
-                        continue
-                    delta, entries = ("", []) if scoring else (c.delta_text, c.delta_logprobs or [])
-                    finish, stop_reason = ("length", None) if scoring else (c.finish_reason, c.stop_reason)
-                    completion_tokens[index] = 0 if scoring else st.num_tokens
-                    prefix, head = "", None
-                    if not st.started:
-                        st.started = True
-                        prefix, head = ctx.echo_text(p_index), ctx.prompt_part(out)
-                    logprobs = None
-                    if ctx.req.logprobs is not None:
-                        # offsets count the echoed prompt too, as in the non-streamed answer
-                        offset = len(ctx.echo_text(p_index)) + st.num_chars - len(c.delta_text)
-                        logprobs = join_logprobs(head, completion_logprobs(entries, tokenizer, offset))
-                    yield sse(ctx.envelope([_choice(index, prefix + delta, logprobs, finish,
-                                                    stop_reason)], stream=True))
-            if ctx.req.include_usage:
-                yield sse(ctx.envelope([], usage(ctx.prompt_tokens, sum(completion_tokens.values()),
-                                                 sum(cached_tokens.values())), stream=True))
-        except APIError as e:
-            yield sse_error_event(e.status, e.message, e.param)
-        except Exception as e:  # noqa: BLE001 - contained to this stream
-            logger.exception("completion stream %s failed", ctx.id)
-            yield sse_error_event(500, f"internal error: {e!r}")
-        yield SSE_DONE
-    finally:
-        gen.abort()
+    async for p_index, out in gen.outputs():
+        cached_tokens[p_index] = out.num_cached_tokens
+        for c in out.outputs:
+            index = p_index * n + c.index
+            st = states.setdefault(index, ChoiceState())
+            if scoring and not c.finished():
+                continue  # the answer is the scored prompt, sent once, when it finishes
+            if not st.advance(c):
+                continue
+            delta, entries = ("", []) if scoring else (c.delta_text, c.delta_logprobs or [])
+            finish, stop_reason = ("length", None) if scoring else (c.finish_reason, c.stop_reason)
+            completion_tokens[index] = 0 if scoring else st.num_tokens
+            prefix, head = "", None
+            if not st.started:
+                st.started = True
+                prefix, head = ctx.echo_text(p_index), ctx.prompt_part(out)
+            logprobs = None
+            if ctx.req.logprobs is not None:
+                # offsets count the echoed prompt too, as in the non-streamed answer
+                offset = len(ctx.echo_text(p_index)) + st.num_chars - len(c.delta_text)
+                logprobs = join_logprobs(head, completion_logprobs(entries, tokenizer, offset))
+            yield sse(ctx.envelope([_choice(index, prefix + delta, logprobs, finish,
+                                            stop_reason)], stream=True))
+    if ctx.req.include_usage:
+        yield sse(ctx.envelope([], usage(ctx.prompt_tokens, sum(completion_tokens.values()),
+                                         sum(cached_tokens.values())), stream=True))

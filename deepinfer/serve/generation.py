@@ -7,6 +7,7 @@ Every way out of a handler (finish, error, client disconnect, cancellation at sh
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from starlette.background import BackgroundTask
@@ -14,7 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deepinfer.serve.engine_loop import EngineLoop
-from deepinfer.serve.errors import APIError, bad_request
+from deepinfer.serve.errors import APIError, bad_request, sse_error_event
+from deepinfer.serve.responses import SSE_DONE
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,3 +137,22 @@ async def respond(request: Request, gen: Generation, stream, full) -> Response:
     finally:
         gen.abort()
     return JSONResponse(full(finals))
+
+
+async def sse_body(events, gen: Generation, what: str):
+    """A streamed answer's body: the handler's `events`, then [DONE]. The status line is already sent,
+    so an error mid-stream becomes one SSE error event; however the stream ends (finished, failed,
+    client gone) the generation is aborted and its KV blocks freed."""
+    try:
+        try:
+            async for event in events:
+                yield event
+        except APIError as e:
+            yield sse_error_event(e.status, e.message, e.param)
+        except Exception as e:  # noqa: BLE001 - contained to this stream
+            logger.exception("%s failed", what)
+            yield sse_error_event(500, f"internal error: {e!r}")
+        yield SSE_DONE
+    finally:
+        await events.aclose()
+        gen.abort()
