@@ -22,10 +22,9 @@ SampleLogprobs = list[dict[int, Logprob]]
 class ListPrefix(SequenceABC):
     """The first `length` items of a list that is only ever appended to: a read-only snapshot of a
     running request's tokens (or logprobs) made in O(1), so producing an output every step does
-    not copy the whole list (a stream of N tokens would cost O(N^2)).
-
-    Sequence.truncate replaces its lists instead of cutting them in place, which keeps every
-    prefix handed out earlier true. Slicing returns a list of just the sliced items.
+    not copy the whole list (a stream of N tokens would cost O(N^2)). A sequence never shortens
+    its lists (rejected drafts are never appended), which keeps every prefix handed out earlier
+    true. Slicing returns a list of just the sliced items.
     """
 
     __slots__ = ("_items", "_length")

@@ -83,7 +83,7 @@ class Sequence:
     num_cached_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    # Logprob of each sampled output token (always kept: cumulative_logprob and truncate need it).
+    # Logprob of each sampled output token (always kept: cumulative_logprob needs it).
     token_logprobs: list[float] = field(default_factory=list)
     # Per output token {token_id: outputs.Logprob} (sampled token + top-N); None when not requested.
     logprobs: list[dict] | None = None
@@ -131,7 +131,7 @@ class Sequence:
     def token_ids(self) -> list[int]:
         """prompt + outputs: the live list (read it, do not mutate it), read by the worker every
         step, so it is not rebuilt per call."""
-        assert len(self._token_ids) == len(self), "output_token_ids changed outside append_token/truncate"
+        assert len(self._token_ids) == len(self), "output_token_ids changed outside append_token"
         return self._token_ids
 
     @property
@@ -180,34 +180,6 @@ class Sequence:
         if self.first_token_time is None:
             self.first_token_time = now
         self.last_token_time = now
-
-    def truncate(self, new_len: int) -> None:
-        """Cut the sequence back to its first `new_len` tokens.
-
-        No engine path calls this: speculative decoding never appends a rejected draft (the
-        scheduler appends only the tokens a step emitted, engine/scheduler.py `update`) and
-        preemption recomputes instead. It is the one way to shorten a sequence that keeps every
-        output snapshot handed out earlier true (below; tests/engine/test_request_outputs.py).
-
-        Output tokens past new_len are dropped with their logprobs; the cache needs nothing
-        else, because every cache entry is keyed by position and is rewritten before it is read
-        again (docs/model.md §5.3). Blocks stay allocated. The detokenizer is not rewound: call this
-        before the dropped tokens were detokenized, or rebuild the detokenizer.
-
-        The lists are replaced, not cut in place: outputs hold ListPrefix snapshots of them, which
-        stay true only while the underlying list is never shortened.
-        """
-        assert self.prompt_len <= new_len <= len(self), (
-            f"truncate({new_len}) outside [{self.prompt_len}, {len(self)}]")
-        keep = new_len - self.prompt_len
-        self.cumulative_logprob -= sum(self.token_logprobs[keep:])
-        del self.token_logprobs[keep:]
-        if self.logprobs is not None:
-            self.logprobs = self.logprobs[:keep]
-        self.output_token_ids = self.output_token_ids[:keep]
-        self._token_ids = self._token_ids[:new_len]
-        self.num_computed_tokens = min(self.num_computed_tokens, new_len)
-        self.num_emitted_tokens = min(self.num_emitted_tokens, keep)
 
     def set_drafts(self, proposal) -> None:
         """Keep a step_result.DraftProposal for the next step (None: no drafts)."""

@@ -8,7 +8,7 @@ import pytest
 from deepinfer.outputs import ListPrefix
 from deepinfer.sampling_params import SamplingParams
 
-from tests.support.toy_engine import assert_pool_empty, make_engine, make_seq, reference_tokens, run_all
+from tests.support.toy_engine import assert_pool_empty, make_engine, reference_tokens, run_all
 
 
 def _stream_all(engine):
@@ -58,19 +58,6 @@ def test_a_late_step_output_holds_one_new_token_and_snapshots_stay_true():
         assert c.token_ids == final.token_ids[:k] and len(c.logprobs) == k
         assert c.token_ids[-1] == final.token_ids[k - 1] and c.token_ids[1:3] == final.token_ids[:k][1:3]
     assert outs[-1].prompt_token_ids is outs[0].prompt_token_ids  # not copied per step either
-
-
-def test_truncate_keeps_earlier_snapshots_true():
-    seq = make_seq(0, 4)
-    seq.logprobs = []
-    for t in (10, 11, 12):
-        seq.append_token(t, -1.0, {t: None})
-    tokens, logprobs = ListPrefix(seq.output_token_ids), ListPrefix(seq.logprobs)
-    seq.truncate(5)  # spec-decode style rollback to one output token, then new tokens
-    seq.append_token(20, -1.0, {20: None})
-    seq.append_token(21, -1.0, {21: None})
-    assert tokens == [10, 11, 12] and [list(e) for e in logprobs] == [[10], [11], [12]]
-    assert seq.output_token_ids == [10, 20, 21] and seq.token_ids == [5, 5, 5, 5, 10, 20, 21]
 
 
 def test_abort_output_carries_the_last_delta():
