@@ -15,9 +15,11 @@ than its weights. So the ranks of one host share one copy:
    is filled only after that (through the creator's writable mapping), so the window in which a
    killed creator leaves a segment behind is the few milliseconds of step 2: not the checkpoint read,
    and not the wait for ranks still loading (step 1 comes first);
-4. the creator publishes "filled" (or the error that stopped it); every rank's Engram module then
-   reads its rows straight from the mapping (torch.frombuffer views: no copy, read-only pages, so a
-   stray in-place write faults instead of corrupting the other ranks' table).
+4. the creator publishes "filled" (or the error that stopped it); every rank's Engram host table
+   (layers/engram_host.py) is then a view of the mapping (torch.frombuffer: no copy, read-only pages,
+   so a stray in-place write faults instead of corrupting the other ranks' table). The tables are no
+   part of the module tree, so `model.to(device)` leaves them here: each step's rows are gathered
+   from the mapping on the host and only they travel to the device.
 
 A single rank on its host (ParallelLayout.ranks_per_node == 1) shares nothing: `for_layout` returns
 None and the loader reads the tables as any other tensor.
@@ -82,10 +84,9 @@ class TableLayout:
 def table_layouts(model: nn.Module) -> list[TableLayout]:
     """The Engram tables of a built model (meta is fine): a PackedFp8Table's codes then exponents,
     or a dense table's one tensor, in layer order."""
+    from deepinfer.model_executor.layers.engram_host import host_tables
     out = []
-    for path, mod in model.named_modules():
-        if not path.endswith("engram.embed"):
-            continue
+    for path, mod in host_tables(model).items():
         parts, offset = [], 0
         for leaf, t in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]:
             part = TablePart(f"{path}.{leaf}", tuple(t.shape), t.dtype, offset)

@@ -66,6 +66,8 @@ class StepInputs:
     swa_write_dst: torch.Tensor   # [R]
     comp: dict = field(default_factory=dict)  # (ratio, ring, overlap) -> CompressMeta
     ngram_ids: torch.Tensor | None = None      # [T, N] compressed ids of tokens t, t-1, ... (pad before start)
+    engram_rows: torch.Tensor | None = None    # [L_engram, T, K * d] table rows the host gathered from the
+                                               # ngram_ids (layers/engram_host.py), which it then drops
     token_valid: torch.Tensor | None = None    # [T] bool: False for placeholder rows (state slot 0), which
                                                # select no expert (docs/neuron.md §5.3); None = all real
     prefix: PrefixStateIO | None = None        # prefix-cache state copies (model_executor/prefix_state.py)

@@ -9,7 +9,8 @@ the meta device, and counts its bytes:
   Engram tables;
 - engram_bytes: the Engram tables as this rank's share of its host's one shared copy
   (distributed/shared_tables.py): table bytes / ranks per host (the full tables for a rank alone on
-  its host). They live in host memory, not in the core's HBM;
+  its host). They live in host memory, not in the core's HBM: engram_hbm_bytes, the table bytes
+  among the tensors `model.to(device)` would move (layers/engram_host.py), is 0;
 - kv_bytes: the KV cache the dry run's steps need (batch rows + the scratch slot, one block table
   of `context` tokens per row + the scratch block), allocated on meta (worker/cache_engine.py).
 
@@ -230,7 +231,7 @@ def run_step(model, cache, layout, chunks, bucket, logits_rows: int) -> dict:
     from deepinfer.model_executor.static_step import BucketSpec
     spec = BucketSpec(batch=(bucket.num_seqs,), contexts=(bucket.context,), prefill_tokens=(bucket.num_tokens,),
                       max_model_len=bucket.context)
-    step = step_to(spec.static_step(chunks, bucket, layout, logits_rows=logits_rows), "meta")
+    step = step_to(model.host_inputs(spec.static_step(chunks, bucket, layout, logits_rows=logits_rows)), "meta")
     per_layer: list[list[dict]] = []
 
     def run_layer(layer, x, prev_pre, ctx, io):
@@ -307,13 +308,14 @@ def speculative_estimate(decode: dict, verify: dict, draft: dict, nextn: int) ->
 
 def rank_bytes(model, cache, layout: ParallelLayout) -> dict:
     from deepinfer.distributed.shared_tables import table_bytes
+    from deepinfer.model_executor.layers.engram_host import engram_device_bytes
     resident = mr.resident_bytes(model)
     tables = table_bytes(model)
     if tables != resident["engram_tables"]:
         raise RuntimeError(f"Engram tables: {tables} bytes as shared segments, {resident['engram_tables']} held")
     return {"rank": layout.rank, "lane_rank": layout.lane_rank, "ep_rank": layout.ep_rank,
             "weights_bytes": resident["total"] - tables, "kv_bytes": cache_bytes(cache),
-            "engram_bytes": -(-tables // layout.ranks_per_node),
+            "engram_bytes": -(-tables // layout.ranks_per_node), "engram_hbm_bytes": engram_device_bytes(model),
             "components": {c: resident[c] for c in mr.COMPONENTS if c != "engram_tables"}}
 
 

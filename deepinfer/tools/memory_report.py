@@ -93,10 +93,12 @@ def _with_total(counts: dict[str, int]) -> dict[str, int]:
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer by its full name, one per storage: a tensor held under two names, or
-    a view into another's storage (each expert's weights are views of its MoE's stacks), counts once."""
+    """Every parameter and buffer by its full name, and the Engram host tables (layers/engram_host.py),
+    one per storage: a tensor held under two names, or a view into another's storage (each expert's
+    weights are views of its MoE's stacks), counts once."""
+    from deepinfer.model_executor.layers.engram_host import host_table_tensors
     out, seen = {}, set()
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+    for name, t in [*model.named_parameters(), *model.named_buffers(), *host_table_tensors(model).items()]:
         if t is None:
             continue
         key = t.untyped_storage()._cdata   # the storage itself (meta storages have no data pointer)
@@ -112,6 +114,13 @@ def resident_bytes(model: nn.Module) -> dict[str, int]:
     for name, t in model_tensors(model).items():
         counts[component_of(name)] += t.untyped_storage().nbytes()
     return _with_total(counts)
+
+
+def host_resident_bytes(model: nn.Module) -> int:
+    """Bytes of the resident tensors that stay in host memory, never moved to the device: the Engram
+    tables (layers/engram_host.py; shared once per host, distributed/shared_tables.py)."""
+    from deepinfer.model_executor.layers.engram_host import host_table_tensors
+    return sum(t.untyped_storage().nbytes() for t in host_table_tensors(model).values())
 
 
 def config_weight_formats(cfg, fmt: CheckpointFormat | None = None) -> dict:
@@ -252,11 +261,13 @@ def memory_report(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, post_
     if model is None:
         model = build_meta_model(cfg, dtype, platform, post_load, weight_format, fmt)
     resident = resident_bytes(model)
+    host = host_resident_bytes(model)
     ckpt = checkpoint_bytes(cfg, fmt)
     ratio = resident["total"] / ckpt["total"] if ckpt["total"] else float("inf")
     return {"dtype": str(dtype).removeprefix("torch."), "weight_format": weight_format, "post_load": post_load,
             "checkpoint_format": {**asdict(fmt), "fp8_block": list(fmt.fp8_block)},
-            "resident_bytes": resident, "checkpoint_bytes": ckpt, "ratio": ratio,
+            "resident_bytes": resident, "host_bytes": host, "device_bytes": resident["total"] - host,
+            "checkpoint_bytes": ckpt, "ratio": ratio,
             "target_ratio": TARGET_RATIO, "meets_target": ratio <= TARGET_RATIO}
 
 
@@ -270,6 +281,8 @@ def format_report(report: dict) -> str:
         ratio = f"{res[c] / ck[c]:6.2f}" if ck[c] else "     -"
         label = COMPONENT_LABELS.get(c, "total")
         lines.append(f"{label:{width}s}  {res[c] / gib:13.2f}  {ck[c] / gib:14.2f}  {ratio}")
+    lines.append(f"of the resident total: {report['host_bytes'] / gib:.2f} GiB host memory (Engram tables), "
+                 f"{report['device_bytes'] / gib:.2f} GiB device memory")
     fmt = report["checkpoint_format"]
     lines.append(f"checkpoint format: {fmt['source']}")
     target = "meets" if report["meets_target"] else "misses"

@@ -67,6 +67,7 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     model.shared_tables = shared_tables   # what the rank mapped (segment names), None when nothing
     model.eval()
     if platform is not None and platform.device.type != "cpu":
+        # the Engram tables are no part of what this moves (layers/engram_host.py, docs/neuron.md §5.9)
         model.to(platform.device)
     return model
 

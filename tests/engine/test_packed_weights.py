@@ -16,6 +16,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.model_executor.layers import moe, quant, quant_gemm
 from deepinfer.model_executor.layers.engram import engram_embed
+from deepinfer.model_executor.layers.engram_host import host_tables
 from deepinfer.tools.memory_report import resident_bytes
 from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table, is_packed
 from deepinfer.platforms.cpu import CpuPlatform
@@ -124,7 +125,8 @@ def _ids(n, seed=5):
 def test_packed_and_dense_forwards_agree(fixture, request, monkeypatch):
     model_dir = request.getfixturevalue(fixture)
     dense, packed = _models(model_dir, torch.float32)
-    kinds = {type(m) for m in packed.modules() if is_packed(m)}
+    # the Engram tables are host tables, outside the module tree (layers/engram_host.py)
+    kinds = {type(m) for m in [*packed.modules(), *host_tables(packed).values()] if is_packed(m)}
     assert PackedFp8Linear in kinds and PackedFp4Weight in kinds
     if fixture == "tiny_v41_dir":
         assert PackedFp8Table in kinds

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from deepinfer.config import ModelConfig
+from deepinfer.model_executor.layers.engram_host import host_tables
 from deepinfer.model_executor.layers.packed_weights import PackedFp8Linear, PackedFp8Table, is_packed
 from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.neuron_ops import fp8
@@ -29,7 +30,8 @@ def test_packed_regions_give_the_cpu_tokens(request, kind):
     host = NeuronPlatform(host=True)
     assert host.default_weight_format == "packed"
     packed = build_model(cfg, str(ckpt), torch.float32, progress=False, platform=host, weight_format="packed")
-    fp8_mods = [m for m in packed.modules() if isinstance(m, (PackedFp8Linear, PackedFp8Table))]
+    fp8_mods = [m for m in [*packed.modules(), *host_tables(packed).values()]   # Engram: host tables
+                if isinstance(m, (PackedFp8Linear, PackedFp8Table))]
     assert fp8_mods and all(fp8.trn2_representable(m.weight) for m in fp8_mods)
     assert max(m.weight.view(torch.float8_e4m3fn).float().abs().max().item() for m in fp8_mods) <= 224.0
     regions = RegionRunner("aot_eager")

@@ -124,6 +124,8 @@ DISTRIBUTED_TO_MODEL_EXCEPTIONS = {
     # the prefix-cache copies StepInputs carries (PrefixStateIO, StateCopies): step types like the rest
     ("deepinfer.distributed.step_codec", "deepinfer.model_executor.prefix_state"),
     ("deepinfer.distributed.shared_tables", "deepinfer.model_executor.loader"),
+    # the tables it maps are the model's Engram host tables, which sit outside the module tree
+    ("deepinfer.distributed.shared_tables", "deepinfer.model_executor.layers.engram_host"),
 }
 
 

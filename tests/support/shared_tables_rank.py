@@ -17,6 +17,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.distributed.parallel_layout import ParallelLayout
 from deepinfer.distributed.shared_tables import SharedEngramTables
+from deepinfer.model_executor.layers.engram_host import table_rows
 from deepinfer.platforms import make_platform
 from deepinfer.worker.worker import build_model
 
@@ -32,7 +33,8 @@ def mapping_of(ptr: int) -> str:
 
 
 def engram_outputs(model, seed: int = 0) -> dict:
-    """Each Engram layer's gated trunk for fixed rows and inputs (the module's own forward)."""
+    """Each Engram layer's gated trunk for fixed rows and inputs: the rows fetched from its host table
+    as the host stage of a step does (layers/engram_host.py), then the module's own forward."""
     cfg = model.cfg
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -45,7 +47,8 @@ def engram_outputs(model, seed: int = 0) -> dict:
         rows = torch.randint(0, rows_total, (5, k), generator=g)
         rows[0, 0] = -1                       # a missing lookup reads zeros
         x = torch.randn(5, cfg.hc_mult, cfg.hidden_size, generator=g).to(model.dtype)
-        out[layer.layer] = e(x, types.SimpleNamespace(k=model.kernels), rows)
+        fetched = table_rows(e.embed, rows, model.dtype)
+        out[layer.layer] = e(x, types.SimpleNamespace(k=model.kernels), fetched)
     return out
 
 

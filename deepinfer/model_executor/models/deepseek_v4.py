@@ -14,6 +14,7 @@ from torch import nn
 from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.model_executor.checkpoint_formats import FP8, stored_as
 from deepinfer.model_executor.forward_meta import StepInputs
+from deepinfer.model_executor.layers import engram_host
 from deepinfer.model_executor.layers.kernel_table import KernelTable
 from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
@@ -81,6 +82,9 @@ class DecoderLayer(nn.Module):
             if attn.uses_shared_hidden and attn.comp_key is not None:
                 io.shared_hidden = ctx.shared_hidden
         if hasattr(self, "engram"):
+            if i not in ctx.engram_rows:
+                raise ValueError(f"layer {i}: an Engram layer needs the step's n-gram ids or its gathered rows "
+                                 f"(a CacheLayout built with the model's engram_spec)")
             io.engram_rows = ctx.engram_rows[i]
         return io
 
@@ -255,6 +259,11 @@ class DeepseekV4Model(nn.Module):
             h = self.kernels.hc_pre(x, w)
         return self.kernels.rms_norm(h, self.norm.weight, cfg.rms_norm_eps)
 
+    def host_inputs(self, step: StepInputs) -> StepInputs:
+        """The host stage of a step, before its copy to the device: the Engram rows hashed and gathered
+        from the host tables (layers/engram_host.py)."""
+        return engram_host.gather_step_rows(self, step)
+
     def enable_drafting(self) -> None:
         """Every later main forward also writes the draft layers' main keys (docs/model.md §3.8)."""
         dspark_draft.check_draftable(self.cfg)
@@ -279,7 +288,7 @@ class DeepseekV4Model(nn.Module):
         """Replace every packed e4m3 weight's (codes, exponents) by convert(codes, exponents): a platform's
         layout of the bytes its kernels read (Platform.fp8_weight_codes), applied once after loading."""
         from deepinfer.model_executor.layers.packed_weights import PackedFp8Linear, PackedFp8Table
-        for mod in self.modules():
+        for mod in [*self.modules(), *engram_host.host_tables(self).values()]:
             if isinstance(mod, (PackedFp8Linear, PackedFp8Table)):
                 mod.weight, mod.scale = convert(mod.weight, mod.scale)
 
@@ -289,7 +298,7 @@ class DeepseekV4Model(nn.Module):
         module was on (meta, before loading). Returns how many were replaced."""
         from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table
         replaced = 0
-        for path, mod in list(self.named_modules()):
+        for path, mod in [*self.named_modules(), *engram_host.host_tables(self).items()]:
             fmt = formats.get(f"{path}.weight")
             if fmt is None:
                 continue

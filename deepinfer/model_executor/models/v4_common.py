@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from deepinfer.model_executor.forward_meta import StepInputs
+from deepinfer.model_executor.layers.engram_host import layer_rows
 
 
 def linear(i: int, o: int, dtype) -> nn.Linear:
@@ -49,7 +50,7 @@ class StepContext:
     """Per-forward values shared across layers: RoPE tables, top-k reuse, YOCO shared hidden.
 
     Everything position- or layer-dependent is computed here, eagerly, before the layer loop (RoPE
-    tables, Engram rows), so layer code only reads it: compiled layer regions then see the same
+    tables; the Engram rows come with the step), so layer code only reads it: compiled layer regions then see the same
     Python state for every layer of a kind (docs/neuron.md §4 F1)."""
 
     def __init__(self, model: nn.Module, step: StepInputs, cache: ModelCache):
@@ -60,12 +61,9 @@ class StepContext:
         self.k = model.kernels
         self._rope = {kind: rot.cos_sin(step.positions) for kind, rot in model.rotary.items()}
         self._entry_rope = {key: model.rotary["compress"].cos_sin(meta.entry_pos) for key, meta in step.comp.items()}
-        self.engram_rows: dict[int, torch.Tensor] = {}
-        spec = model.engram_spec
-        if spec is not None and step.ngram_ids is not None:
-            from deepinfer.model_executor.layers.engram_hash import engram_indices
-            # exact int64 hashing stays on the host side of the step (docs/neuron.md §4 A4/A5)
-            self.engram_rows = {lid: engram_indices(spec, lid, step.ngram_ids) for lid in spec.layer_ids}
+        # Engram rows arrive gathered: the int64 hash and the table fetch ran on the host before the
+        # step was copied in (layers/engram_host.py; docs/neuron.md §4 A4/A5, §5.9)
+        self.engram_rows: dict[int, torch.Tensor] = layer_rows(model, step)
         self.topk: dict[int, torch.Tensor] = {}
         self.candidates: torch.Tensor | None = None
         self.shared_hidden: torch.Tensor | None = None
@@ -98,7 +96,7 @@ class LayerIO:
     topk: torch.Tensor | None = None            # selection reused from the index source layer
     candidates: torch.Tensor | None = None      # V4.1 candidate blocks of the candidate source layer
     shared_hidden: torch.Tensor | None = None   # V4.1 YOCO hidden of n_prefill_layer
-    engram_rows: torch.Tensor | None = None     # Engram table rows of this layer
+    engram_rows: torch.Tensor | None = None     # this layer's Engram table rows, gathered on the host [T, K * d]
     topk_out: torch.Tensor | None = None
     candidates_out: torch.Tensor | None = None
     shared_hidden_out: torch.Tensor | None = None

@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from deepinfer.model_executor.checkpoint_formats import FP4, FP8, TABLE, stored_as
-from deepinfer.model_executor.layers.engram import engram_embed
+from deepinfer.model_executor.layers.engram_host import HostTableOwner
 from deepinfer.model_executor.layers.ep_moe import ep_routed_experts
 from deepinfer.model_executor.layers.moe import route, swiglu
-from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, PackedFp8Table, linear_mm
+from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, linear_mm
 from deepinfer.model_executor.models.v4_common import StepContext, f32_param, linear
 
 
@@ -142,7 +142,11 @@ def _rebind(module: nn.Module, name: str, view: torch.Tensor) -> None:
         module._buffers[name] = view
 
 
-class Engram(nn.Module):
+class Engram(HostTableOwner):
+    """The V4.1 Engram memory of one layer. Its table (`embed`) is a host table (layers/engram_host.py):
+    never moved to the device; the step brings this layer's rows, hashed and gathered on the host
+    (`StepInputs.engram_rows`), so the forward is the combine alone: projection and gated add."""
+
     def __init__(self, cfg, layer: int, rows: int, dtype, spec):
         super().__init__()
         self.cfg, self.layer, self.spec = cfg, layer, spec
@@ -155,9 +159,6 @@ class Engram(nn.Module):
         self.wkv = stored_as(FP8, linear(n_embed, (n_hc + 1) * dim, dtype))
 
     def forward(self, x: torch.Tensor, ctx: StepContext, rows: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.embed, PackedFp8Table):
-            e = ctx.k.fp8_table_rows(self.embed.weight, self.embed.scale, rows, self.embed.group, x.dtype)
-        else:
-            e = engram_embed(self.embed.weight, rows).to(x.dtype)
-        kv = linear_mm(e, self.wkv, ctx.k)
+        """x: [T, n, D] trunk; rows: this layer's gathered table rows [T, K * head_dim] in x's dtype."""
+        kv = linear_mm(rows, self.wkv, ctx.k)
         return ctx.k.engram_gate(x, kv, self.q_weight, self.k_weight, self.cfg.rms_norm_eps)

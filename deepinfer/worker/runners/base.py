@@ -15,6 +15,13 @@ from deepinfer.model_executor.forward_meta import CacheLayout, SeqChunk, StepInp
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 
 
+def host_inputs(model, step: StepInputs) -> StepInputs:
+    """`step` with what the model reads from host memory gathered into it (DeepseekV4Model.host_inputs:
+    the Engram rows), on every rank, before the copy to the device; every strategy's `to_device` runs it."""
+    fill = getattr(model, "host_inputs", None)
+    return step if fill is None else fill(step)
+
+
 class RunnerStrategy:
     """Base class: eager, unpadded. Subclasses override `select_bucket`, `prepare` and `forward`."""
     name = "base"
@@ -42,8 +49,8 @@ class RunnerStrategy:
         return build_step_inputs(chunks, self.layout), None
 
     def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
-        """The host-built step where `forward` reads it (one copy per step)."""
-        return step_to(step, self.device)
+        """The host-built step where `forward` reads it (one copy per step), after its host stage."""
+        return step_to(host_inputs(self.model, step), self.device)
 
     def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
         """Logits of every row of `step` (padding rows included)."""

@@ -28,7 +28,7 @@ import torch
 
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
 from deepinfer.model_executor.static_step import Bucket, BucketSpec, static_signature
-from deepinfer.worker.runners.base import RunnerStrategy
+from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +128,11 @@ class CudaGraphStrategy(RunnerStrategy):
 
     def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
         # a graph step stays on the host: forward copies it into the graph's persistent buffers
+        step = host_inputs(self.model, step)
         return step_to(step, self.device) if bucket is None else step
 
     def _capture(self, bucket: Bucket, cache) -> _Graph:
-        placeholder = self._static([], bucket)
+        placeholder = host_inputs(self.model, self._static([], bucket))
         inputs = step_to(placeholder, self.device)   # on CPU (tests) the placeholder's own tensors
         out = self._outputs.get(bucket.num_tokens)
         if out is None:

@@ -18,7 +18,7 @@ import torch
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.platforms.neuron import compile_cache
-from deepinfer.worker.runners.base import RunnerStrategy
+from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class NeuronRegionStrategy(RunnerStrategy):
         return step, bucket
 
     def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
-        return step_to(step, self.platform.device)
+        return step_to(host_inputs(self.model, step), self.platform.device)
 
     @torch.inference_mode()
     def warm_up(self, cache) -> int:
@@ -75,7 +75,7 @@ class NeuronRegionStrategy(RunnerStrategy):
         neffs = compile_cache.neff_files(cache_dir)
         for bucket in self.buckets.all_buckets():
             step = self.buckets.static_step([], bucket, self.layout)
-            self.forward(step_to(step, self.platform.device), cache, bucket)
+            self.forward(self.to_device(step, bucket), cache, bucket)
         self._log_warm_up(self.num_graphs - before, time.perf_counter() - t0, cache_dir, neffs)
         return self.num_graphs
 
