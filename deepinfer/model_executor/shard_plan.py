@@ -7,10 +7,12 @@ loader (which slices of the safetensors it reads).
   entries, the wo_a rows of its output groups (and, when it holds only part of a group, the input
   columns of its heads) and the matching wo_b input columns. Everything else is replicated.
 - Expert parallelism: the routed experts of each MoE are split over the EP group in contiguous
-  ranges (ep rank r holds [r * E/ep, (r + 1) * E/ep)). The shared expert's intermediate units are
-  split over the same group (ep rank r holds units [r * I/ep, (r + 1) * I/ep): those rows of w1 / w3,
-  column-parallel, and those input columns of w2, row-parallel), so its partial output joins the
-  routed partials in the MoE combine the layer already issues (layers/ep_moe.py).
+  ranges (ep rank r holds [r * E/ep, (r + 1) * E/ep)).
+- Shared expert: its intermediate units are split over runs of s = gcd(attn_tp, ep) consecutive
+  ranks (the attention lane, or the part of it inside an EP group): run rank j holds units
+  [j * I/s, (j + 1) * I/s), those rows of w1 / w3 (column-parallel) and those input columns of w2
+  (row-parallel). Its partial output, weighted s/ep, joins the routed partials in the MoE combine the
+  layer already issues over the EP group, which holds ep/s such runs (layers/ep_moe.py).
 - Vocabulary: with cp > 1 the LM head's rows are split over the CP group (cp rank r holds tokens
   [r * V/cp, (r + 1) * V/cp)); the ranks of a CP group run the same rows, so each computes its
   slice of every row's logits (layers/vocab_parallel.py). The embedding stays replicated.
@@ -22,6 +24,7 @@ covering blocks, dequantizes them and cuts the slice, so it accepts every slice.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -102,13 +105,19 @@ class ShardPlan:
         per = self.cfg.vocab_size // self.layout.cp
         return range(self.layout.cp_rank * per, (self.layout.cp_rank + 1) * per)
 
+    @property
+    def shared_split(self) -> int:
+        """Ranks one shared expert is split over: gcd(attn_tp, ep) (1: replicated)."""
+        return math.gcd(self.layout.attn_tp, self.layout.ep)
+
     def shared_units(self, inter: int) -> range:
-        """The shared expert's intermediate units this rank holds (all of them without an EP group)."""
-        if inter % self.layout.ep:
-            raise ValueError(f"expert_parallel_size {self.layout.ep} must divide the shared expert's "
-                             f"{inter} intermediate units")
-        per = inter // self.layout.ep
-        return range(self.layout.ep_rank * per, (self.layout.ep_rank + 1) * per)
+        """The shared expert's intermediate units this rank holds (all of them when not split)."""
+        s = self.shared_split
+        if inter % s:
+            raise ValueError(f"gcd(attention_tp_size, expert_parallel_size) = {s} must divide the shared "
+                             f"expert's {inter} intermediate units")
+        per, j = inter // s, self.layout.rank % s
+        return range(j * per, (j + 1) * per)
 
     def experts(self, n_experts: int) -> range:
         return expert_range(n_experts, self.layout.ep, self.layout.ep_rank)
@@ -134,7 +143,7 @@ class ShardPlan:
         if name == "head.weight" and self.layout.cp > 1:
             v = self.vocab
             return (Cut(0, v.start, len(v), cfg.vocab_size),)
-        shared = _SHARED.match(name) if self.layout.ep > 1 else None
+        shared = _SHARED.match(name) if self.shared_split > 1 else None
         if shared is not None:
             inter = cfg.moe_inter_size * max(1, cfg.n_shared_experts)
             u = self.shared_units(inter)

@@ -1,9 +1,11 @@
-"""The LM head split by vocabulary over the CP group and the shared expert split over the EP group
-(layers/vocab_parallel.py, layers/ep_moe.py), across real processes (gloo): greedy, seeded top-k /
+"""The LM head split by vocabulary over the CP group and the shared expert split over the lane's part
+of the EP group (layers/vocab_parallel.py, layers/ep_moe.py), across real processes (gloo): greedy, seeded top-k /
 top-p sampling and logprobs through the real ModelRunner equal one rank's; the candidate route gives
 bit for bit what the Sampler gives on the same step's whole rows; each rank holds only its slices;
 a candidate step's only head collective is the candidates' all-gather, and the shared expert adds
 no collective."""
+import math
+
 import pytest
 import torch
 
@@ -73,10 +75,26 @@ def _candidate_collectives(job: Job, got: dict) -> list[tuple]:
     return per_step[:-1] + [("all_gather", job.cp, rows * 2 * m * 4)]
 
 
+@pytest.fixture(scope="module")
+def four_ranks(tiny_v41_l4_dir):
+    """cp 2 x ep 4: two data-parallel groups, the EP group spanning them (all-gather + reduce-scatter),
+    the shared expert over lanes of 2 weighted 1/2 in the reduce-scatter."""
+    job = Job(str(tiny_v41_l4_dir), cp=2, ep=4, attn_tp=2, prompts=[P, Q], weight_format="packed",
+              sampling=TOP_K_LOGPROBS, record=True)
+    return job, run_ranks(4, [job])[0]
+
+
 @pytest.mark.parametrize("name", ["cp2_lanes2_v41_top_k_logprobs", "cp2_lanes2_v41_whole_vocab",
                                   "ep2_v41_greedy_top_k", "cp2_ep2_lanes2_v4_greedy_top_k"])
 def test_sampling_equals_one_rank(two_ranks, name):
-    job, ranks = two_ranks[name]
+    _check(name, *two_ranks[name])
+
+
+def test_cp2_ep4_sampling_equals_one_rank(four_ranks):
+    _check("cp2_ep4_lanes2_v41_top_k_logprobs", *four_ranks)
+
+
+def _check(name: str, job: Job, ranks: list[dict]) -> None:
     want = reference(job)
     for rank, got in enumerate(ranks):
         layout = ParallelLayout(rank=rank, cp=job.cp, ep=job.ep, attn_tp=job.attn_tp)
@@ -90,9 +108,9 @@ def test_sampling_equals_one_rank(two_ranks, name):
         shapes = got["state_dict_shapes"]
         vocab = shapes["embed.weight"][0]
         assert shapes["head.weight"] == (vocab // job.cp, shapes["norm.weight"][0]), where
-        inter = 128   # the tiny models' shared expert
-        assert shapes["layers.0.ffn.shared_experts.w1.weight"][0] == inter // job.ep, where
-        assert shapes["layers.0.ffn.shared_experts.w2.weight"][1] == inter // job.ep, where
+        held = 128 // math.gcd(job.attn_tp, job.ep)   # the tiny models' shared expert, over the lane in the EP group
+        assert shapes["layers.0.ffn.shared_experts.w1.weight"][0] == held, where
+        assert shapes["layers.0.ffn.shared_experts.w2.weight"][1] == held, where
         if job.record:
             expect = _candidate_collectives(job, got)
             assert [(e["op"], e["group_size"]) for e in got["records"]] == [(op, n) for op, n, _ in expect], where

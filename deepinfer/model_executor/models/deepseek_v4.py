@@ -57,7 +57,8 @@ class DecoderLayer(nn.Module):
         if plan is not None and plan.layout.ep > 1:
             ep = dict(experts=plan.experts(n_experts), ep=groups.ep,
                       tokens_replicated=plan.layout.tokens_replicated_in_ep,
-                      shared_units=plan.shared_units(cfg.moe_inter_size * max(1, cfg.n_shared_experts)))
+                      shared_units=plan.shared_units(cfg.moe_inter_size * max(1, cfg.n_shared_experts)),
+                      shared_weight=plan.shared_split / plan.layout.ep)
         self.ffn = MoE(cfg, facts["hashed"], dtype, n_experts, facts["topk"], **ep)
         if engram_spec is not None and layer in engram_spec.layers:
             self.engram = Engram(cfg, layer, engram_spec.layer(layer).num_rows, dtype, engram_spec)
