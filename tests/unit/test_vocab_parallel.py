@@ -5,10 +5,14 @@ across processes in tests/process/test_vocab_parallel_ranks.py)."""
 import pytest
 import torch
 
+from deepinfer.distributed.parallel_layout import ParallelLayout
+from deepinfer.distributed.step_codec import KIND_STEP, StepMessage, decode, to_bytes
+from deepinfer.executor.step_fanout import FanoutStep, StepFanout
 from deepinfer.model_executor.layers.sampler import Sampler, SamplingBatch
 from deepinfer.model_executor.layers.vocab_parallel import (MAX_CANDIDATES, HeadPlan, VocabShard, head_plan,
                                                             stable_top)
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.worker.step_transport import PreparedStep
 
 V = 1000
 
@@ -107,3 +111,22 @@ def test_plan_rows_and_json_round_trip():
     sub = plan.rows([2, 0])
     assert (sub.temperatures, sub.bans) == ([0.25, 1.0], [(1, 7), (0, 9), (0, 11)])
     assert HeadPlan.from_json(plan.to_json()) == plan
+
+
+def test_the_plan_goes_out_split_by_data_parallel_group():
+    """StepFanout.publish hands each group its rows' plan through the step message (a decoded
+    follower reads its own), and keeps the driver's group's share."""
+    sent = []
+
+    class Channel:
+        def send(self, msg):
+            sent.append(decode(to_bytes(msg)))
+
+    fanout = StepFanout(ParallelLayout(rank=0, cp=1, ep=2), None, Channel())
+    # rows in chunk order land at gathered rows 0, 2, 1 (stride 2): group 0 holds rows 0 and 2
+    prepared = PreparedStep(None, None, 3, FanoutStep(StepMessage(KIND_STEP, [], 2), 2, torch.tensor([0, 2, 1])),
+                            HeadPlan(3, [0.5, 1.0, 0.25], [(1, 4), (2, 9)]))
+    fanout.publish(prepared)
+    groups = [HeadPlan.from_json(h) for h in sent[0].head]
+    assert groups == [HeadPlan(3, [0.5, 0.25], [(1, 9)]), HeadPlan(3, [1.0], [(0, 4)])]
+    assert prepared.head == groups[0]
