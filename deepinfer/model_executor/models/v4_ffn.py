@@ -51,7 +51,8 @@ class MoE(nn.Module):
         tokens_replicated: every member of the EP group runs the same tokens (EP group inside a CP
         group), layers/ep_moe.py; shared_units: the shared expert's intermediate units this rank
         holds (split over the lane's part of the EP group, model_executor/shard_plan.py), None for
-        all of them; shared_weight: what its partial weighs in the EP combine (runs in the group / 1)."""
+        all of them; shared_weight: the factor on its partial in the EP combine (s / ep: the group
+        holds ep / s runs of ranks that each make a whole shared output)."""
         super().__init__()
         self.cfg = cfg
         self.n_experts = n_experts or cfg.n_routed_experts
@@ -142,7 +143,7 @@ class MoE(nn.Module):
 
     def shared_partial(self, x: torch.Tensor, k) -> torch.Tensor:
         """fp32: this rank's share of the shared expert in the EP combine (its units' partial sum,
-        weighted by the number of lanes' runs the combine adds up)."""
+        times shared_weight; a bf16 model rounds the partial to bf16 once, like the routed ones)."""
         y = self.shared_output(x, k).float()
         return y if self.shared_weight == 1.0 else y * self.shared_weight
 
