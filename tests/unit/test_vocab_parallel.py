@@ -130,3 +130,9 @@ def test_the_plan_goes_out_split_by_data_parallel_group():
     groups = [HeadPlan.from_json(h) for h in sent[0].head]
     assert groups == [HeadPlan(3, [0.5, 0.25], [(1, 9)]), HeadPlan(3, [1.0], [(0, 4)])]
     assert prepared.head == groups[0]
+
+
+def test_a_nan_row_is_a_clear_error():
+    key = torch.tensor([[1.0, float("nan"), 2.0]])
+    with pytest.raises(ValueError, match="NaN"):
+        stable_top(key, 3)

@@ -86,15 +86,15 @@ def head_plan(params_list, banned_ids_per_row=None, scored: bool = False) -> Hea
 def stable_top(key: torch.Tensor, m: int) -> torch.Tensor:
     """Column indices [N, m], ascending, of each row's first m entries in the stable descending order
     of key (ties: lower index first): all entries above the m-th value, then the lowest-index ones
-    equal to it. torch.topk alone leaves the order of ties unspecified."""
+    equal to it. torch.topk alone leaves the order of ties unspecified. Fixed shapes throughout (the
+    kept columns come first in a stable sort of the mask), so a compiled region could hold it."""
     kth = torch.topk(key, m, dim=-1, sorted=True).values[:, m - 1:m]
     above = key > kth
     equal = key == kth
     keep = above | (equal & (equal.cumsum(dim=-1) <= m - above.sum(dim=-1, keepdim=True)))
-    cols = keep.nonzero()[:, 1]
-    if cols.numel() != key.shape[0] * m:
+    if not torch.compiler.is_compiling() and not bool((keep.sum(dim=-1) == m).all()):
         raise ValueError("vocabulary candidates: a logits row holds NaN, which has no place in the order")
-    return cols.view(key.shape[0], m)
+    return torch.sort(keep.to(torch.uint8), dim=-1, descending=True, stable=True).indices[:, :m]
 
 
 @dataclass(frozen=True)
