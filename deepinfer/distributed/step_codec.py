@@ -47,6 +47,7 @@ class StepMessage:
     kind: int = KIND_STEP
     groups: list[GroupStep] = field(default_factory=list)
     gather_rows: int = 0      # logits rows each group leader contributes to the gather (the max)
+    head: list | None = None  # per group: its rows' layers/vocab_parallel.HeadPlan as JSON (None: whole rows)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -90,7 +91,7 @@ def encode(msg: StepMessage) -> tuple[int, list[tuple[int, memoryview]]]:
     w = _Writer()
     groups = [{"bucket": None if g.bucket is None else dataclasses.astuple(g.bucket),
                "num_logits": int(g.num_logits), "step": w.tree(g.step)} for g in msg.groups]
-    desc = json.dumps({"gather_rows": int(msg.gather_rows), "groups": groups},
+    desc = json.dumps({"gather_rows": int(msg.gather_rows), "groups": groups, "head": msg.head},
                       separators=(",", ":")).encode()
     base = -(-(_HEAD.size + len(desc)) // _ALIGN) * _ALIGN
     parts = [(0, memoryview(_HEAD.pack(MAGIC, msg.kind, len(desc)))), (_HEAD.size, memoryview(desc))]
@@ -137,4 +138,4 @@ def decode(buf: bytearray, group: int | None = None) -> StepMessage:
             continue
         bucket = None if g["bucket"] is None else Bucket(*g["bucket"])
         groups.append(GroupStep(_read_tree(g["step"], buf, base), bucket, g["num_logits"]))
-    return StepMessage(kind, groups, desc["gather_rows"])
+    return StepMessage(kind, groups, desc["gather_rows"], desc.get("head"))

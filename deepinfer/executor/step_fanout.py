@@ -35,6 +35,7 @@ from deepinfer.distributed import comm
 from deepinfer.distributed.step_codec import (KIND_DRAFT, KIND_SHUTDOWN, KIND_STEP, GroupStep, StepMessage,
                                               decode, to_bytes)
 from deepinfer.model_executor.forward_meta import SeqChunk, step_to
+from deepinfer.model_executor.layers.vocab_parallel import HeadPlan
 from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
 from deepinfer.model_executor.static_step import Bucket, pad_chunks
 from deepinfer.worker.step_transport import PreparedStep, logit_rows
@@ -141,8 +142,25 @@ class StepFanout:
                             FanoutStep(msg, rows * b, order, kind=KIND_DRAFT))
 
     def publish(self, prepared: PreparedStep) -> None:
+        """Send the step; a head plan (prepared.head, the step's rows in chunk order) goes out split
+        by group, and prepared.head becomes this rank's group's share."""
+        if prepared.head is not None:
+            plans = [prepared.head.rows(r) for r in self._group_rows(prepared)]
+            prepared.fanout.message.head = [p.to_json() for p in plans]
+            prepared.head = plans[self.layout.dp_rank]
         self.channel.send(prepared.fanout.message)
         self.steps_published += 1
+
+    def _group_rows(self, prepared: PreparedStep) -> list[list[int]]:
+        """Per group, its logits rows (chunk-order indices) in the group's own order."""
+        fs = prepared.fanout
+        if fs.order is None:
+            return [list(range(prepared.num_logits))]
+        where = fs.order.tolist()
+        rows: list[list[int]] = [[] for _ in range(self.layout.dp)]
+        for i in sorted(range(len(where)), key=where.__getitem__):
+            rows[where[i] // fs.gather_rows].append(i)
+        return rows
 
     def shutdown(self) -> None:
         """Tell every follower to leave its loop."""
@@ -196,8 +214,9 @@ class StepFanout:
                                 FanoutStep(None, msg.gather_rows, kind=KIND_DRAFT))
         if msg.kind != KIND_STEP:
             raise RuntimeError(f"step message of unknown kind {msg.kind}")
+        head = None if msg.head is None else HeadPlan.from_json(msg.head[self.layout.dp_rank])
         return PreparedStep(strategy.to_device(own.step, own.bucket), own.bucket, own.num_logits,
-                            FanoutStep(None, msg.gather_rows))
+                            FanoutStep(None, msg.gather_rows), head)
 
 
 def slot_bytes(strategy, engine_config, dp: int) -> int:

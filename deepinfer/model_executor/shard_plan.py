@@ -7,7 +7,15 @@ loader (which slices of the safetensors it reads).
   entries, the wo_a rows of its output groups (and, when it holds only part of a group, the input
   columns of its heads) and the matching wo_b input columns. Everything else is replicated.
 - Expert parallelism: the routed experts of each MoE are split over the EP group in contiguous
-  ranges (ep rank r holds [r * E/ep, (r + 1) * E/ep)); shared experts are replicated.
+  ranges (ep rank r holds [r * E/ep, (r + 1) * E/ep)).
+- Shared expert: its intermediate units are split over runs of s = gcd(attn_tp, ep) consecutive
+  ranks (the attention lane, or the part of it inside an EP group): run rank j holds units
+  [j * I/s, (j + 1) * I/s), those rows of w1 / w3 (column-parallel) and those input columns of w2
+  (row-parallel). Its partial output, weighted s/ep, joins the routed partials in the MoE combine the
+  layer already issues over the EP group, which holds ep/s such runs (layers/ep_moe.py).
+- Vocabulary: with cp > 1 the LM head's rows are split over the CP group (cp rank r holds tokens
+  [r * V/cp, (r + 1) * V/cp)); the ranks of a CP group run the same rows, so each computes its
+  slice of every row's logits (layers/vocab_parallel.py). The embedding stays replicated.
 
 Block-quantized tensors keep their ue8m0 grid when sliced: a slice [a, b) of a dim with block size
 bs is representable in the packed form iff a % bs == 0 or [a, b) lies inside one block (the slice
@@ -16,6 +24,7 @@ covering blocks, dequantizes them and cuts the slice, so it accepts every slice.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -73,6 +82,7 @@ def expert_range(n_experts: int, ep_size: int, ep_rank: int) -> range:
     return range(ep_rank * per, (ep_rank + 1) * per)
 
 
+_SHARED = re.compile(r"^(?:layers|mtp)\.\d+\.ffn\.shared_experts\.(w1|w2|w3)\.weight$")
 _ATTN = re.compile(r"^((?:layers|mtp)\.\d+)\.attn\.(wq_b\.weight|wq_b\.scale|attn_sink|wo_a\.weight|wo_a\.scale|"
                    r"wo_b\.weight|wo_b\.scale)$")
 
@@ -84,7 +94,30 @@ class ShardPlan:
         layout.check_model(cfg)
         self.cfg, self.layout = cfg, layout
         self.heads = head_shard(cfg, layout.attn_tp, layout.lane_rank)
-        self.sharded = layout.attn_tp > 1 or layout.ep > 1
+        self.sharded = layout.attn_tp > 1 or layout.ep > 1 or layout.cp > 1
+
+    @property
+    def vocab(self) -> range:
+        """The token ids whose LM head rows this rank holds."""
+        if self.cfg.vocab_size % self.layout.cp:
+            raise ValueError(f"context_parallel_size {self.layout.cp} must divide vocab_size {self.cfg.vocab_size} "
+                             f"(the LM head is split over the CP group)")
+        per = self.cfg.vocab_size // self.layout.cp
+        return range(self.layout.cp_rank * per, (self.layout.cp_rank + 1) * per)
+
+    @property
+    def shared_split(self) -> int:
+        """Ranks one shared expert is split over: gcd(attn_tp, ep) (1: replicated)."""
+        return math.gcd(self.layout.attn_tp, self.layout.ep)
+
+    def shared_units(self, inter: int) -> range:
+        """The shared expert's intermediate units this rank holds (all of them when not split)."""
+        s = self.shared_split
+        if inter % s:
+            raise ValueError(f"gcd(attention_tp_size, expert_parallel_size) = {s} must divide the shared "
+                             f"expert's {inter} intermediate units")
+        per, j = inter // s, self.layout.rank % s
+        return range(j * per, (j + 1) * per)
 
     def experts(self, n_experts: int) -> range:
         return expert_range(n_experts, self.layout.ep, self.layout.ep_rank)
@@ -106,12 +139,21 @@ class ShardPlan:
 
     def cuts(self, name: str) -> tuple[Cut, ...]:
         """The dense-coordinate cuts of a canonical weight this rank holds a slice of (() = whole)."""
+        cfg = self.cfg
+        if name == "head.weight" and self.layout.cp > 1:
+            v = self.vocab
+            return (Cut(0, v.start, len(v), cfg.vocab_size),)
+        shared = _SHARED.match(name) if self.shared_split > 1 else None
+        if shared is not None:
+            inter = cfg.moe_inter_size * max(1, cfg.n_shared_experts)
+            u = self.shared_units(inter)
+            return (Cut(1 if shared.group(1) == "w2" else 0, u.start, len(u), inter),)
         if self.layout.attn_tp == 1:
             return ()
         m = _ATTN.match(name)
         if m is None:
             return ()
-        cfg, s = self.cfg, self.heads
+        s = self.heads
         d, r, leaf = cfg.head_dim, cfg.o_lora_rank, m.group(2)
         if leaf.startswith("wq_b"):
             return (Cut(0, s.head0 * d, s.heads * d, cfg.num_heads * d),)

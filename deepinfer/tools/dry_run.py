@@ -243,6 +243,8 @@ def run_step(model, cache, layout, chunks, bucket, logits_rows: int) -> dict:
     counter = ReadCounter(storage_categories(model, cache))
     with comm.record_collectives() as everything, counter:
         logits = model(step, cache, run_layer=run_layer)
+        # a vocabulary-split head leaves the CP group as whole rows here (the candidate form needs values)
+        logits = model.full_logits(logits)
     if logits.shape[0] != logits_rows:
         raise RuntimeError(f"dry run: {logits.shape[0]} logits rows, expected {logits_rows}")
     in_layers = sum(len(x) for x in per_layer)

@@ -10,6 +10,11 @@
   gathers every rank's real rows back into chunk order;
 - sample: the Sampler draws one token per logits row.
 
+With the LM head split over the CP group (layers/vocab_parallel.py), a step with samples whose rows
+can be served from per-rank candidates carries a HeadPlan: the ranks gather only those, and the
+step's `logits` are -inf outside them (the Sampler's result is exactly that of the whole rows); any
+other step gathers whole rows.
+
 The transport (worker/step_transport.py) is the runner's only view of ranks: SingleRankTransport on
 one rank, executor/step_fanout.py StepFanout on a model spread over ranks, whose followers run the
 same `execute` / `execute_draft` from their receive loop (StepFanout.follow) and never sample.
@@ -33,6 +38,7 @@ import torch
 from deepinfer.model_executor.forward_meta import SeqChunk
 from deepinfer.model_executor.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from deepinfer.model_executor.layers.token_scores import TokenScores, score_tokens
+from deepinfer.model_executor.layers.vocab_parallel import head_plan
 from deepinfer.model_executor.models.dspark_draft import DraftBlock
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.worker.runners.base import RunnerStrategy
@@ -96,8 +102,18 @@ class ModelRunner:
         self.transport.publish(prepared)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
-        logits = self.strategy.forward(prepared.step, self.cache, prepared.bucket)
-        return self.transport.gather(prepared, logits[: prepared.num_logits])
+        logits = self.strategy.forward(prepared.step, self.cache, prepared.bucket)[: prepared.num_logits]
+        shard = self.vocab_shard
+        if shard is None:
+            return self.transport.gather(prepared, logits)
+        # the head's vocabulary slice: whole rows, or the CP group's candidates (layers/vocab_parallel.py)
+        rows = self.transport.gather(prepared, shard.leave_group(logits, prepared.head))
+        return shard.candidate_logits(rows, prepared.head)
+
+    @property
+    def vocab_shard(self):
+        """layers/vocab_parallel.VocabShard of a model whose LM head is split over the CP group."""
+        return getattr(self.model, "vocab_shard", None)
 
     def sample(self, logits: torch.Tensor, samples: list[SampleRequest]) -> SamplerOutput:
         if len(samples) != logits.shape[0]:
@@ -135,6 +151,9 @@ class ModelRunner:
             scores: list[ScoreRequest] | None = None) -> StepOutput:
         t0 = time.perf_counter()
         prepared = self.prepare(chunks)
+        if self.vocab_shard is not None and samples:
+            prepared.head = head_plan([s.params for s in samples], [s.banned_ids for s in samples],
+                                      scored=bool(scores))
         self.publish(prepared)
         t1 = time.perf_counter()
         logits = self.execute(prepared)

@@ -26,6 +26,9 @@ class PreparedStep:
     bucket: Bucket | None
     num_logits: int   # real logits rows (the strategy may return more: padding rows)
     fanout: object = None  # executor/step_fanout.FanoutStep: the step's share-out over ranks (None: one rank)
+    # layers/vocab_parallel.HeadPlan of this rank's rows: how logits leave a vocabulary-split CP group
+    # (None: whole rows); set by the runner before publish, which hands each group its rows' plan
+    head: object = None
 
 
 def logit_rows(chunks: list[SeqChunk]) -> int:

@@ -42,7 +42,8 @@ def _check(job: Job, ranks: list[dict]) -> None:
         if job.record:
             layers = sum(1 for k in got["state_dict_shapes"] if k.startswith("layers.") and k.endswith(".attn_norm.weight"))
             dim = got["state_dict_shapes"]["norm.weight"][0]
-            expect = expected_collectives(job, layers, rows=len(job.prompts[layout.dp_rank]), dim=dim)
+            vocab = got["state_dict_shapes"]["embed.weight"][0]
+            expect = expected_collectives(job, layers, rows=len(job.prompts[layout.dp_rank]), dim=dim, vocab=vocab)
             assert len(got["records"]) == len(expect), (where, got["records"])
             for entry, (op, size, nbytes) in zip(got["records"], expect):
                 assert (entry["op"], entry["group_size"]) == (op, size), (where, got["records"])

@@ -38,6 +38,8 @@ class Job:
     record: bool = False                          # log the collectives of the first decode step
     capacity: int | None = None                   # force the capacity-bounded expert form (slots per
                                                   # expert) on fixed-shape steps of >= 16 rows
+    sampling: list | None = None                  # SamplingParams per prompt: every step samples
+                                                  # through the runner (its next token is the sample)
 
 
 def free_port() -> int:
@@ -61,7 +63,7 @@ def drive(model, job: Job, prompts: list[list[int]], platform=None, regions=None
     from deepinfer.distributed import comm
     from deepinfer.model_executor.forward_meta import SeqChunk
     from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
-    from deepinfer.worker.model_runner import ModelRunner
+    from deepinfer.worker.model_runner import ModelRunner, SampleRequest
     cfg = model.cfg
     bs = default_block_size(cfg)
     n = len(prompts)
@@ -71,24 +73,59 @@ def drive(model, job: Job, prompts: list[list[int]], platform=None, regions=None
                            fp8_max=platform.fp8_max if platform is not None else 448.0)
     cls, kw = _strategy(platform, job.strategy, regions)
     runner = ModelRunner(model, cache, layout, cls(model, layout, **kw))
+    local = _keep_local_logits(runner) if job.sampling else None
     tokens = [list(p) for p in prompts]
     done = [0] * n
-    logits_out, records = [], None
+    logits_out, records, sampled, whole = [], None, [], []
     for step in range(job.steps):
         chunks = [SeqChunk(slot=i + 1, ctx_len=done[i], num_new=len(tokens[i]) - done[i],
                            block_table=list(range(1 + i * blocks_each, 1 + (i + 1) * blocks_each)),
                            token_ids=tokens[i], num_logits=1) for i in range(n)]
+        samples = None if not job.sampling else [SampleRequest(job.sampling[i], len(tokens[i]), job.sampling[i].seed)
+                                                 for i in range(n)]
         if job.record and step == 1:
             with comm.record_collectives() as log:
-                logits = runner.run(chunks).logits
+                out = runner.run(chunks, samples)
             records = list(log)
         else:
-            logits = runner.run(chunks).logits
-        logits_out.append(logits.clone())
+            out = runner.run(chunks, samples)
+        logits = out.logits
+        if samples is None:
+            logits_out.append(logits.clone())
+            nxt = [int(logits[i].argmax()) for i in range(n)]
+        else:
+            sampled.append(_host(out.sampled))
+            nxt = out.sampled.token_ids.tolist()
+            # the same step's logits as whole rows (one more gather on a vocabulary-split model),
+            # sampled the single-rank way: the candidate route must give exactly this
+            mine = local[-1][:n]
+            rows = mine if runner.vocab_shard is None else runner.vocab_shard.gather_full(mine)
+            whole.append(_host(runner.sample(rows, samples)))
+            logits_out.append(rows.clone())
         for i in range(n):
             done[i] = len(tokens[i])
-            tokens[i].append(int(logits[i].argmax()))
-    return {"logits": logits_out, "tokens": [t[len(p):] for t, p in zip(tokens, prompts)], "records": records}
+            tokens[i].append(nxt[i])
+    return {"logits": logits_out, "tokens": [t[len(p):] for t, p in zip(tokens, prompts)], "records": records,
+            "sampled": sampled, "whole_sampled": whole}
+
+
+def _keep_local_logits(runner) -> list:
+    """Make the runner's strategy keep each step's logits (padding rows after the real ones), as this
+    rank computed them."""
+    kept, forward = [], runner.strategy.forward
+
+    def keep(step, cache, bucket):
+        out = forward(step, cache, bucket)
+        kept.append(out.clone())
+        return out
+    runner.strategy.forward = keep
+    return kept
+
+
+def _host(out) -> dict:
+    """A SamplerOutput's tensors (None where absent), for torch.save."""
+    names = ("token_ids", "logprobs", "token_ranks", "top_ids", "top_logprobs")
+    return {k: None if getattr(out, k) is None else getattr(out, k).cpu() for k in names}
 
 
 def _load(job: Job, parallel=None):
@@ -120,10 +157,12 @@ def reference(job: Job) -> list[dict]:
     return [drive(model, eager, prompts, platform) for prompts in job.prompts]
 
 
-def expected_collectives(job: Job, num_layers: int, rows: int, dim: int) -> list[tuple]:
+def expected_collectives(job: Job, num_layers: int, rows: int, dim: int, vocab: int) -> list[tuple]:
     """(op, group size) of one decode step by the design (docs/neuron.md §5.5, §5.6): per decoder
     layer one lane all-reduce of the attention output, then the MoE's combine (an all-reduce when
-    the tokens are replicated in the EP group, else the dispatch all-gather and the reduce-scatter)."""
+    the tokens are replicated in the EP group, else the dispatch all-gather and the reduce-scatter;
+    the split shared expert rides in it); with cp > 1 the step ends with the all-gather of the LM
+    head's vocabulary slices (whole rows: these steps are run without samples)."""
     per_layer = []
     if job.attn_tp > 1:
         per_layer.append(("all_reduce", job.attn_tp, rows * dim * 4))
@@ -132,7 +171,8 @@ def expected_collectives(job: Job, num_layers: int, rows: int, dim: int) -> list
             per_layer.append(("all_reduce", job.ep, rows * dim * 4))
         else:
             per_layer += [("all_gather", job.ep, None), ("reduce_scatter", job.ep, job.ep * rows * dim * 4)]
-    return per_layer * num_layers
+    head = [("all_gather", job.cp, rows * vocab * 4 // job.cp)] if job.cp > 1 else []
+    return per_layer * num_layers + head
 
 
 def _force_capacity(cap: int | None) -> None:

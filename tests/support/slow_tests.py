@@ -37,6 +37,7 @@ SLOW = {
     # process: one fast case of each kind stays (multi-rank tokens, a follower killed, drafts across
     # ranks, the server's requests, the bench offline)
     "process/test_multi_rank_model.py": 87,
+    "process/test_vocab_parallel_ranks.py": 212,
     "process/test_shared_tables.py::test_three_ranks_share_one_mapped_table": 63,
     "process/test_shared_tables.py::test_rank_that_never_maps_fails_the_host_and_leaves_nothing": 32,
     "process/test_shared_tables.py::test_rank_killed_after_mapping_leaves_nothing": 29,

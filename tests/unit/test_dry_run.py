@@ -46,6 +46,13 @@ def _rank_shape(cfg, layout: ParallelLayout, name: str, shape: tuple) -> tuple |
         n = cfg.dspark_n_routed_experts if m.group(1) == "mtp" else cfg.n_routed_experts
         per = n // layout.ep
         return shape if layout.ep_rank * per <= int(m.group(2)) < (layout.ep_rank + 1) * per else None
+    if name == "head.weight":                       # the rank's vocabulary rows (split over the CP group)
+        return (shape[0] // layout.cp, shape[1])
+    split = math.gcd(layout.attn_tp, layout.ep)      # the shared expert's units over the lane's part of
+    if ".shared_experts.w2." in name:               # the EP group: w2's input columns,
+        return (shape[0], shape[1] // split)
+    if ".shared_experts.w" in name:                 # w1 / w3's rows
+        return (shape[0] // split, shape[1])
     tp, groups = layout.attn_tp, cfg.o_groups
     if name.endswith(("attn.wq_b.weight", "attn.attn_sink")):
         return (shape[0] // tp, *shape[1:])
@@ -96,20 +103,27 @@ def _check_ranks(cfg, report, cp, ep, attn_tp):
     assert len({r["kv_bytes"] for r in report["ranks"]}) == 1
 
 
+def _head_gather(cfg, step, cp) -> list[dict]:
+    """The step's one collective outside the layers: the all-gather of the head's fp32 vocabulary
+    slices over the CP group (whole rows, as the dry run counts it)."""
+    return [{"op": "all_gather", "group_size": cp, "bytes": step["rows"] * cfg.vocab_size // cp * 4}] if cp > 1 else []
+
+
 def _check_layers(cfg, step, tokens, cp, ep, attn_tp):
     """Per decoder layer: the lane all-reduce of the attention output (compute dtype, bf16), then the
     MoE combine: one fp32 all-reduce (tokens replicated in the EP group), or the packed all-gather of
-    x (bf16), fp32 weights and int32 ids plus one fp32 reduce-scatter of [ep * T, D] partials."""
+    x (bf16), fp32 weights and int32 ids plus one fp32 reduce-scatter of [ep * T, D] partials; then
+    the head's gather."""
     d, k = cfg.hidden_size, cfg.n_experts_per_tok
     assert step["num_layers"] == cfg.num_layers == len(step["per_layer"])
-    assert step["outside_layers"] == 0
+    assert step["outside_layers"] == (1 if cp > 1 else 0)
     lane = [{"op": "all_reduce", "group_size": attn_tp, "bytes": tokens * d * 2}] if attn_tp > 1 else []
     if ep <= cp:
         moe = [{"op": "all_reduce", "group_size": ep, "bytes": tokens * d * 4}]
     else:
         moe = [{"op": "all_gather", "group_size": ep, "bytes": tokens * (d * 2 + 4 * k + 4 * k)},
                {"op": "reduce_scatter", "group_size": ep, "bytes": ep * tokens * d * 4}]
-    want = (lane + moe) * cfg.num_layers
+    want = (lane + moe) * cfg.num_layers + _head_gather(cfg, step, cp)
     assert step["collectives"] == want
     assert step["per_layer"] == [len(lane + moe)] * cfg.num_layers
 
@@ -131,7 +145,7 @@ def test_cli_dry_run_at_cp4_ep4(tmp_path, capsys):
     _check_layers(cfg, report["prefill_chunk"], 32, 4, 4, 4)
     for key in ("decode_step", "prefill_chunk"):
         est = report[key]["floor_estimate"]
-        assert est["label"].startswith("ESTIMATE") and est["collectives"] == 2 * cfg.num_layers
+        assert est["label"].startswith("ESTIMATE") and est["collectives"] == 2 * cfg.num_layers + 1
         assert report[key]["bytes_read"]["weights"] > 0 and report[key]["bytes_read"]["kv"] > 0
     printed = capsys.readouterr().out
     assert "ESTIMATE" in printed and "docs/neuron.md §1.1" in printed
@@ -197,7 +211,7 @@ def test_v41_flash_at_cp64_ep64(tmp_path):
     _check_layers(cfg, report["decode_step"], 8, 64, 64, 8)
     assert report["decode_step"]["max_collectives_per_layer"] <= 2
     assert report["verify_step"]["max_collectives_per_layer"] <= 2 and report["verify_step"]["tokens"] == 48
-    assert len(report["draft_block"]["collectives"]) == 2 * cfg.num_nextn_predict_layers
+    assert len(report["draft_block"]["collectives"]) == 2 * cfg.num_nextn_predict_layers + 1   # + the head
     assert 1 < report["speculative_estimate"]["floor_hw_ms"]["break_even_tokens_per_step"] < 6
 
 
@@ -209,10 +223,10 @@ def test_speculative_steps_at_cp2_ep2():
     report = dr.dry_run(cfg, cp=2, ep=2, batch=4, context=256, prefill_tokens=32, nextn=3)
     dec, ver, dra = report["decode_step"], report["verify_step"], report["draft_block"]
     assert (ver["tokens"], ver["rows"]) == (16, 4) and ver["max_collectives_per_layer"] <= 2
-    assert len(ver["collectives"]) == len(dec["collectives"]) == 2 * cfg.num_layers
+    assert len(ver["collectives"]) == len(dec["collectives"]) == 2 * cfg.num_layers + 1    # + the head gather
     assert ver["bytes_read"]["weights"] > dec["bytes_read"]["weights"]   # main_proj and the draft wkv
     assert (dra["tokens"], dra["num_layers"]) == (12, cfg.num_nextn_predict_layers)
-    assert len(dra["collectives"]) == 2 * cfg.num_nextn_predict_layers
+    assert len(dra["collectives"]) == 2 * cfg.num_nextn_predict_layers + 1
     est = report["speculative_estimate"]
     assert est["label"].startswith("ESTIMATE")
     for key in ("floor_hw_ms", "floor_seed_latency_ms"):

@@ -135,13 +135,22 @@ def unpack_rows(buf: torch.Tensor, dim: int, dtype: torch.dtype, topk: int):
 
 
 def ep_routed_experts(moe, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, token_valid: torch.Tensor | None,
-                      k, static_shapes: bool) -> torch.Tensor:
-    """The routed experts' sum for this rank's rows [T, D] in x's dtype, experts split over moe.ep."""
+                      k, static_shapes: bool, shared=None) -> torch.Tensor:
+    """The routed experts' sum for this rank's rows [T, D] in x's dtype, experts split over moe.ep.
+
+    shared(rows, k): this rank's fp32 partial of the shared expert (its intermediate units, weighted
+    by the runs of ranks the group holds; model_executor/shard_plan.py); added to the routed partials
+    before the combine, so the one collective sums both and the result is routed + shared."""
     if token_valid is not None:
         idx = torch.where(token_valid[:, None], idx, torch.full_like(idx, NO_EXPERT))
     if moe.tokens_replicated:
-        return comm.all_reduce(expert_partials(moe, x, idx, w, k, static_shapes), moe.ep).to(x.dtype)
+        partial = expert_partials(moe, x, idx, w, k, static_shapes)
+        if shared is not None:
+            partial = partial + shared(x, k)
+        return comm.all_reduce(partial, moe.ep).to(x.dtype)
     gathered = comm.all_gather(pack_rows(x, w, idx), moe.ep)                  # [ep * T, nbytes]
     xs, ws, ids = unpack_rows(gathered, x.shape[1], x.dtype, idx.shape[1])
     partial = expert_partials(moe, xs, ids, ws, k, static_shapes)              # [ep * T, D] fp32
+    if shared is not None:   # every gathered row: each member's rows get the group's full shared sum
+        partial = partial + shared(xs, k)
     return comm.reduce_scatter(partial, moe.ep).to(x.dtype)

@@ -18,6 +18,7 @@ from deepinfer.model_executor.layers import engram_host
 from deepinfer.model_executor.layers.kernel_table import KernelTable
 from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
+from deepinfer.model_executor.layers.vocab_parallel import VocabShard
 from deepinfer.model_executor.models import dspark_draft
 from deepinfer.model_executor.models.v4_attention import Attention
 from deepinfer.model_executor.models.v4_common import LayerIO, ModelCache, Norm, StepContext, f32_param, linear
@@ -56,7 +57,9 @@ class DecoderLayer(nn.Module):
         ep = {}
         if plan is not None and plan.layout.ep > 1:
             ep = dict(experts=plan.experts(n_experts), ep=groups.ep,
-                      tokens_replicated=plan.layout.tokens_replicated_in_ep)
+                      tokens_replicated=plan.layout.tokens_replicated_in_ep,
+                      shared_units=plan.shared_units(cfg.moe_inter_size * max(1, cfg.n_shared_experts)),
+                      shared_weight=plan.shared_split / plan.layout.ep)
         self.ffn = MoE(cfg, facts["hashed"], dtype, n_experts, facts["topk"], **ep)
         if engram_spec is not None and layer in engram_spec.layers:
             self.engram = Engram(cfg, layer, engram_spec.layer(layer).num_rows, dtype, engram_spec)
@@ -179,7 +182,10 @@ class DeepseekV4Model(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, dtype, engram_spec=self.engram_spec, shard=shard) for i in range(cfg.num_layers))
         self.norm = Norm(dim, dtype)
-        self.head = linear(dim, cfg.vocab_size, dtype)
+        # cp > 1: this rank's rows of the head only (layers/vocab_parallel.py); compute_logits then
+        # gives its vocabulary slice, which the runner gathers or samples from (worker/model_runner.py)
+        self.vocab_shard = VocabShard.of(self.shard_plan, parallel)
+        self.head = linear(dim, cfg.vocab_size if self.vocab_shard is None else self.vocab_shard.size, dtype)
         if not cfg.hc_shifted:
             self.hc_head_fn = f32_param(cfg.hc_mult, cfg.hc_mult * dim)
             self.hc_head_base = f32_param(cfg.hc_mult)
@@ -271,8 +277,15 @@ class DeepseekV4Model(nn.Module):
 
     @torch.inference_mode()
     def draft(self, step: StepInputs, cache: ModelCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden_pre, base logits) of a DSpark draft block step (models/dspark_draft.py)."""
-        return dspark_draft.draft_forward(self, step, cache)
+        """(hidden_pre, base logits) of a DSpark draft block step (models/dspark_draft.py); the base
+        logits cover the whole vocabulary (the driver's draft heads add to them)."""
+        hidden, base = dspark_draft.draft_forward(self, step, cache)
+        return hidden, self.full_logits(base)
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every token's logits [N, V] from this rank's compute_logits output (its vocabulary slice
+        when the head is split over the CP group)."""
+        return logits if self.vocab_shard is None else self.vocab_shard.gather_full(logits)
 
     def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
                     prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,6 +293,7 @@ class DeepseekV4Model(nn.Module):
         return dspark_draft.draft_heads(self, hidden, base, prev_ids)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of this rank's head rows: [N, V], or [N, V / cp] of vocab_shard's tokens."""
         # fp32 heads live in [D, V] memory order (post_load), so this is a contiguous sgemm; bf16 is
         # fastest as a plain row-major x @ W^T on these CPUs.
         return (h @ self.head.weight.t()).float()

@@ -44,11 +44,15 @@ class ExpertDict(nn.ModuleDict):
 
 class MoE(nn.Module):
     def __init__(self, cfg, hashed: bool, dtype, n_experts: int | None = None, topk: int | None = None,
-                 experts: range | None = None, ep=None, tokens_replicated: bool = True):
+                 experts: range | None = None, ep=None, tokens_replicated: bool = True,
+                 shared_units: range | None = None, shared_weight: float = 1.0):
         """experts: the global ids this rank holds (expert parallelism, model_executor/shard_plan.py),
         None for all; ep: the EP process group (None: no collective, the rank's own partial sum);
         tokens_replicated: every member of the EP group runs the same tokens (EP group inside a CP
-        group), layers/ep_moe.py."""
+        group), layers/ep_moe.py; shared_units: the shared expert's intermediate units this rank
+        holds (split over the lane's part of the EP group, model_executor/shard_plan.py), None for
+        all of them; shared_weight: the factor on its partial in the EP combine (s / ep: the group
+        holds ep / s runs of ranks that each make a whole shared output)."""
         super().__init__()
         self.cfg = cfg
         self.n_experts = n_experts or cfg.n_routed_experts
@@ -59,7 +63,11 @@ class MoE(nn.Module):
         self.expert_start, self.n_local = held.start, len(held)
         self.ep, self.tokens_replicated = ep, tokens_replicated
         self.experts = ExpertDict({str(e): Expert(cfg.hidden_size, cfg.moe_inter_size, dtype, FP4) for e in held})
-        self.shared_experts = Expert(cfg.hidden_size, cfg.moe_inter_size * max(1, cfg.n_shared_experts), dtype, FP8)
+        shared_inter = cfg.moe_inter_size * max(1, cfg.n_shared_experts)
+        self.shared_split = shared_units is not None and len(shared_units) < shared_inter
+        self.shared_weight = shared_weight
+        self.shared_experts = Expert(cfg.hidden_size, len(shared_units) if self.shared_split else shared_inter,
+                                     dtype, FP8)
         # The kernels read the held experts stacked: [E, 2I, D] (gate rows first) and [E, D, I], or their
         # packed fp4 codes and exponents. Non-persistent buffers: not checkpoint tensors, but moved by
         # model.to(device) like the weights. `pack` builds them and makes each expert's own tensors
@@ -126,12 +134,26 @@ class MoE(nn.Module):
                 w = torch.where(token_valid[:, None], w, torch.zeros_like(w))
             y = self.run_experts(x, idx, w, k, static_shapes)
         else:
-            y = ep_routed_experts(self, x, idx, w, token_valid, k, static_shapes)
+            # a split shared expert's partial output travels in the routed experts' combine
+            shared = self.shared_partial if self.shared_split else None
+            y = ep_routed_experts(self, x, idx, w, token_valid, k, static_shapes, shared)
+            if shared is not None:
+                return y
+        return y + self.shared_output(x, k)
+
+    def shared_partial(self, x: torch.Tensor, k) -> torch.Tensor:
+        """fp32: this rank's share of the shared expert in the EP combine (its units' partial sum,
+        times shared_weight; a bf16 model rounds the partial to bf16 once, like the routed ones)."""
+        y = self.shared_output(x, k).float()
+        return y if self.shared_weight == 1.0 else y * self.shared_weight
+
+    def shared_output(self, x: torch.Tensor, k) -> torch.Tensor:
+        """The shared expert on rows x (of its held units only, when split: a partial sum), in x's dtype."""
         limit = self.cfg.swiglu_limit
         s = self.shared_experts
         if isinstance(s.w1, PackedFp8Linear):
-            return y + linear_mm(swiglu(linear_mm(x, s.w1, k), linear_mm(x, s.w3, k), limit), s.w2, k)
-        return y + k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, limit)
+            return linear_mm(swiglu(linear_mm(x, s.w1, k), linear_mm(x, s.w3, k), limit), s.w2, k)
+        return k.expert_mlp(x, s.w1.weight, s.w3.weight, s.w2.weight, limit)
 
 
 def _rebind(module: nn.Module, name: str, view: torch.Tensor) -> None:

@@ -137,7 +137,8 @@ class CudaGraphStrategy(RunnerStrategy):
         out = self._outputs.get(bucket.num_tokens)
         if out is None:
             out = self._outputs[bucket.num_tokens] = torch.empty(
-                bucket.num_tokens, self.model.cfg.vocab_size, dtype=torch.float32, device=self.device)
+                bucket.num_tokens, self.model.head.weight.shape[0], dtype=torch.float32,   # the rank's vocabulary
+                device=self.device)
         t0 = time.perf_counter()
         replay, output = self.capture(lambda: out.copy_(self.model(inputs, cache)))
         logger.info("captured a decode graph for %d rows, context %d, in %.2f s", bucket.num_tokens, bucket.context,
