@@ -28,6 +28,9 @@ SLOW = {
     "engine/test_cuda_graph_runner.py::test_padded_decode_step_is_capturable[v4-dtype3-plain-packed]": 4,
     "engine/test_cuda_graph_runner.py::test_padded_decode_step_is_capturable[v41-dtype1-plain-dense]": 2,
     # neuron (host mode)
+    "neuron/test_nki_active_experts.py::test_active_kernel_equals_the_all_experts_kernel_bitwise[dtype0-sweep]": 22,
+    "neuron/test_nki_active_experts.py::test_active_kernel_equals_the_all_experts_kernel_bitwise[dtype1-sweep]": 16,
+    "neuron/test_nki_active_experts.py::test_active_kernel_equals_the_all_experts_kernel_bitwise[dtype1-fast]": 10,
     "neuron/test_regions.py::test_compact_kv_records_compile_into_regions": 16,
     "neuron/test_regions.py::test_warm_up_compiles_every_bucket_before_the_first_request": 12,
     "neuron/test_spec_regions.py": 17,
@@ -36,6 +39,7 @@ SLOW = {
     # process: one fast case of each kind stays (multi-rank tokens, a follower killed, drafts across
     # ranks, the server's requests, the bench offline)
     "process/test_multi_rank_model.py": 87,
+    "process/test_ep_active_experts.py": 55,
     "process/test_shared_tables.py::test_three_ranks_share_one_mapped_table": 63,
     "process/test_shared_tables.py::test_rank_that_never_maps_fails_the_host_and_leaves_nothing": 32,
     "process/test_shared_tables.py::test_rank_killed_after_mapping_leaves_nothing": 29,
