@@ -48,7 +48,6 @@ from deepinfer.tools import memory_report as mr
 TRN2_HBM_BYTES_PER_S_PER_RANK = 0.7e12     # §1.1: 2.9 TB/s per chip / 4 logical cores at LNC = 2
 COLLECTIVE_LATENCY_HW_S = 10e-6            # §1.3: documented collective latency, 1-10 µs (upper end)
 SEED_LATENCY_S = {8: 0.1e-3, 64: 1.9e-3}   # §6.2: the seed's measured [1, 5120] all-reduce, low ends
-COLLECTIVE_LATENCY_PREDICTED_S = 25e-6     # §6.1: NxDI DeepSeek-V3's in-model figure (3 ms over ~120)
 FLOOR_SOURCES = ("HBM bandwidth per rank: docs/neuron.md §1.1; documented collective latency: docs/neuron.md "
                  "§1.3; the seed's measured collective latency: docs/neuron.md §6.2")
 
@@ -324,12 +323,11 @@ def rank_bytes(model, cache, layout: ParallelLayout) -> dict:
 
 def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: int = 1, steps: bool = True,
             batch: int = 8, context: int = 4096, prefill_tokens: int = 128, dtype=torch.bfloat16,
-            kv_cache_mode: str = "plain", ranks=None, log=None, nextn: int = 0, decode_rows=(),
-            collective_latency_s: float = COLLECTIVE_LATENCY_PREDICTED_S, kernel_model: bool = True) -> dict:
+            kv_cache_mode: str = "plain", ranks=None, log=None, nextn: int = 0, decode_steps=None) -> dict:
     """The report of the module docstring. attn_tp defaults to min(cp, 8) (the engine's lane default);
     ranks: the ranks to walk (default all); nextn: drafts per row (speculative steps too);
-    decode_rows: row counts of the predicted decode steps (tools/step_prediction.py, "decode_steps",
-    collectives at collective_latency_s; kernel_model False: bytes / bandwidth for every kernel)."""
+    decode_steps: predicted decode steps, fn(model, cfg, layout, context, dtype, kv_cache_mode, log) ->
+    {rows: step} run on the first shard class ("decode_steps"; tools/step_prediction.py predictor)."""
     from deepinfer.model_executor.static_step import Bucket
     attn_tp = attn_tp or min(cp, 8)
     world = max(cp, ep)
@@ -355,10 +353,8 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
                 cls["prefill_chunk"] = run_step(model, cache, cache_layout,
                                                 prefill_chunks(prefill_tokens, context, bs),
                                                 Bucket(1, prefill_tokens, context), logits_rows=1)
-                if decode_rows:
-                    from deepinfer.tools.step_prediction import decode_steps
-                    cls["decode_steps"] = decode_steps(model, cfg, layout, decode_rows, context, dtype, kv_cache_mode,
-                                                       collective_latency_s, kernel_model, log)
+                if decode_steps is not None:
+                    cls["decode_steps"] = decode_steps(model, cfg, layout, context, dtype, kv_cache_mode, log)
                 if nextn:
                     model.enable_drafting()   # from here the main forward also writes the draft keys
                     q = 1 + nextn
@@ -383,7 +379,7 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
         for key in keys:
             report[key] = {**first[key], "same_for_ranks": first["ranks"],
                            "floor_estimate": floor_estimate(first[key])}
-        if decode_rows:
+        if decode_steps is not None:
             report["decode_steps"] = {r: {**st, "same_for_ranks": first["ranks"]} for r, st in first["decode_steps"].items()}
         if nextn:
             report["speculative_estimate"] = speculative_estimate(report["decode_step"], report["verify_step"],

@@ -26,7 +26,10 @@ import math
 
 import torch
 
+from deepinfer.tools import dry_run as dr
+
 LABEL = "ESTIMATE (not measured)"
+COLLECTIVE_LATENCY_S = 25e-6     # docs/neuron.md §6.1: NxDI DeepSeek-V3's in-model figure (3 ms over ~120)
 SOURCES = ("HBM bandwidth per rank: docs/neuron.md §1.1; kernel cost model: docs/neuron.md §3.7 "
            "(neuron_ops/nki/interpreter/cost.py); collective latency: the command line's "
            "--collective-latency-us (default 25 us: NxDI DeepSeek-V3's in-model figure, docs/neuron.md §6.1)")
@@ -124,7 +127,6 @@ def fp8_call_seconds(call: dict) -> float:
 def predict(model, cache, layout, chunks, bucket, rows: int, ep_size: int, cp: int, latency_s: float,
             hbm_bytes_per_s: float, use_kernel_model: bool = True) -> dict:
     """The `decode_steps` entry of one row count (keys in the module docstring)."""
-    from deepinfer.tools import dry_run as dr
     cats = dr.storage_categories(model, cache, by_component=True)
     weight_keys = {k for k, c in cats.items() if c not in ("kv", "engram")}
     with KernelCalls(model.kernels, weight_keys) as rec:
@@ -184,16 +186,19 @@ def predict(model, cache, layout, chunks, bucket, rows: int, ep_size: int, cp: i
     }
 
 
-def decode_steps(model, cfg, layout, rows_list, context: int, dtype, kv_cache_mode: str, latency_s: float,
-                 use_kernel_model: bool = True, log=None) -> dict:
-    """{str(R): predict(...)} for the row counts in rows_list, each with its own cache on meta."""
+def predictor(rows_list, latency_s: float = COLLECTIVE_LATENCY_S, use_kernel_model: bool = True):
+    """The dry run's decode_steps hook: {str(R): predict(...)} for each R in rows_list, each step with
+    its own cache on meta."""
     from deepinfer.model_executor.static_step import Bucket
-    from deepinfer.tools import dry_run as dr
-    out = {}
-    for r in rows_list:
-        if log:
-            log(f"predicted decode step: {r} row(s)")
-        cache, cache_layout, bs = dr.dry_run_cache(cfg, r, context, dtype, kv_cache_mode, model.engram_spec)
-        out[str(r)] = predict(model, cache, cache_layout, dr.decode_chunks(r, context, bs), Bucket(r, r, context),
-                              r, layout.ep, layout.cp, latency_s, dr.TRN2_HBM_BYTES_PER_S_PER_RANK, use_kernel_model)
-    return out
+
+    def decode_steps(model, cfg, layout, context: int, dtype, kv_cache_mode: str, log=None) -> dict:
+        out = {}
+        for r in rows_list:
+            if log:
+                log(f"predicted decode step: {r} row(s)")
+            cache, cache_layout, bs = dr.dry_run_cache(cfg, r, context, dtype, kv_cache_mode, model.engram_spec)
+            out[str(r)] = predict(model, cache, cache_layout, dr.decode_chunks(r, context, bs), Bucket(r, r, context),
+                                  r, layout.ep, layout.cp, latency_s, dr.TRN2_HBM_BYTES_PER_S_PER_RANK,
+                                  use_kernel_model)
+        return out
+    return decode_steps

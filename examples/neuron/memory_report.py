@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.tools.memory_report import format_report, memory_report  # noqa: E402
 from deepinfer.tools.dry_run import dry_run, format_dry_run  # noqa: E402
+from deepinfer.tools.step_prediction import predictor  # noqa: E402
 
 
 def load_config(path: str) -> ModelConfig:
@@ -117,8 +118,8 @@ def _dry_run(args, cfg) -> dict:
               **dry_run(cfg, cp=args.cp or 1, ep=args.ep or 1, attn_tp=args.attn_tp, nnodes=args.nnodes,
                         steps=args.step, batch=args.batch, context=args.context,
                         prefill_tokens=args.prefill_tokens, dtype=getattr(torch, args.dtype),
-                        kv_cache_mode=args.kv_cache_mode, nextn=args.nextn, decode_rows=args.rows,
-                        collective_latency_s=args.collective_latency_us * 1e-6,
+                        kv_cache_mode=args.kv_cache_mode, nextn=args.nextn,
+                        decode_steps=predictor(args.rows, args.collective_latency_us * 1e-6) if args.rows else None,
                         log=lambda m: print(m, file=sys.stderr))}
     print(format_dry_run(report))
     out = args.output or args.json

@@ -8,8 +8,8 @@ import pytest
 
 from deepinfer.tools import dry_run as dr
 from deepinfer.model_executor.tiny_checkpoint import v41_tiny_config
-from tests.support.model_helpers import tiny_config
-from tests.unit.test_dry_run import _cli
+from deepinfer.tools.step_prediction import predictor
+from tests.support.model_helpers import memory_report_cli, tiny_config
 
 
 def _expert_bytes(cfg) -> int:
@@ -45,8 +45,7 @@ def _check_steps(cfg, steps):
 
 def test_decode_steps_at_cp2_ep2():
     cfg = tiny_config("v41", layers=2)
-    report = dr.dry_run(cfg, cp=2, ep=2, context=64, prefill_tokens=16, ranks=[0], decode_rows=(1, 8),
-                        collective_latency_s=25e-6)
+    report = dr.dry_run(cfg, cp=2, ep=2, context=64, prefill_tokens=16, ranks=[0], decode_steps=predictor((1, 8), 25e-6))
     _check_steps(cfg, report["decode_steps"])
     assert "predicted decode step, 8 row(s)" in dr.format_dry_run(report)
 
@@ -57,7 +56,7 @@ def test_cli_decode_steps(tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(v41_tiny_config(8)))
     out = tmp_path / "out.json"
-    _cli().main(["--config", str(config), "--cp", "2", "--ep", "2", "--step", "--rows", "1,8",
+    memory_report_cli().main(["--config", str(config), "--cp", "2", "--ep", "2", "--step", "--rows", "1,8",
                  "--collective-latency-us", "25", "--json", str(out), "--context", "256", "--prefill-tokens", "32"])
     _check_steps(cfg, json.loads(out.read_text())["decode_steps"])
     printed = capsys.readouterr().out
@@ -68,8 +67,9 @@ def test_bytes_follow_the_shard_plan_and_time_the_bandwidth_without_kernels():
     """Lanes of 2 hold half of wq_b / wo_a / the sinks: the measured per-rank bytes drop; without the
     kernel model the time is bytes / bandwidth plus the collectives."""
     cfg = tiny_config("v41", layers=2)
-    one = dr.dry_run(cfg, cp=1, ep=2, context=64, prefill_tokens=16, decode_rows=(1,), kernel_model=False)["decode_steps"]["1"]
-    two = dr.dry_run(cfg, cp=2, ep=2, context=64, prefill_tokens=16, decode_rows=(1,), kernel_model=False)["decode_steps"]["1"]
+    steps = predictor((1,), use_kernel_model=False)
+    one = dr.dry_run(cfg, cp=1, ep=2, context=64, prefill_tokens=16, decode_steps=steps)["decode_steps"]["1"]
+    two = dr.dry_run(cfg, cp=2, ep=2, context=64, prefill_tokens=16, decode_steps=steps)["decode_steps"]["1"]
     assert two["bytes_read_parts"]["weights_other"] < one["bytes_read_parts"]["weights_other"]
     for st in (one, two):
         want = st["bytes_read_expected"] / dr.TRN2_HBM_BYTES_PER_S_PER_RANK * 1e3 + st["predicted_ms_parts"]["collectives"]
@@ -81,4 +81,4 @@ def test_rows_need_the_step(tmp_path):
     config.write_text(json.dumps(v41_tiny_config(2)))
     for bad in (["--rows", "1,8"], ["--step", "--rows", "0"], ["--step", "--rows", "x"]):
         with pytest.raises(SystemExit):
-            _cli().main(["--config", str(config), "--cp", "2", "--ep", "2", *bad])
+            memory_report_cli().main(["--config", str(config), "--cp", "2", "--ep", "2", *bad])

@@ -229,16 +229,20 @@ def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: 
 
 @wrapper("blockquant_fp4_gemm")
 def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int, *,
-                        grid: int = 2) -> torch.Tensor:
+                        grid: int = 2, design: str = "spread") -> torch.Tensor:
     """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp4_gemm): x [M, K],
     w_packed uint8 [N, K/2], w_scale uint8 [N, K/group]. The weight bytes are only transposed
-    (K-major, as a load would store them); x is split into its even and odd columns."""
+    (K-major, as a load would store them); x is split into its even and odd columns. design: the
+    decode over three engines ("spread") or on the Vector Engine alone ("vector", the seed's way);
+    both give the same weights (kernels/blockquant_fp4_gemm.py)."""
     _fp4_check("blockquant_fp4_gemm", w_packed, w_scale, group)
+    if design not in ("spread", "vector"):
+        raise ValueError(f"blockquant_fp4_gemm: design {design!r} is not spread or vector")
     if x.shape[0] > _ROWS_MAX:
-        return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid)
+        return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid, design=design)
                           for r in range(0, x.shape[0], _ROWS_MAX)])
     out = _run(blockquant_fp4_gemm_kernel, _grid(grid), x[:, 0::2].contiguous(), x[:, 1::2].contiguous(),
-               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group), int(group))
+               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group), int(group), design)
     return _torch(out)
 
 

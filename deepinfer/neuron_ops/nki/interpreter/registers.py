@@ -37,9 +37,8 @@ def register_alloc(init: int | None = None) -> VirtualRegister:
 def register_load(reg: VirtualRegister, src) -> None:
     """reg = the int32 value of a 1x1 SBUF tile (one engine instruction; not documented as costed,
     charged one ScalarE instruction of MIN_II cycles)."""
-    from deepinfer.neuron_ops.nki.interpreter.tensor import Tensor
     require(isinstance(reg, VirtualRegister), "register-load", f"register_load into {reg!r}")
-    require(isinstance(src, Tensor) and src.buffer == "sbuf" and src.dtype is dtypes.int32
+    require(getattr(src, "buffer", None) == "sbuf" and src.dtype is dtypes.int32
             and int(np.prod(src.shape)) == 1, "register-load", f"register_load from {src!r}")
     reg._value = int(src.data.reshape(-1)[0])
     state.current().count("scalar", cycles=cost.MIN_II)
