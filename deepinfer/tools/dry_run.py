@@ -213,10 +213,13 @@ class ReadCounter(TorchDispatchMode):
         return out
 
 
-def storage_categories(model, cache) -> dict[int, str]:
+def storage_categories(model, cache, by_component: bool = False) -> dict[int, str]:
+    """Storage -> "weights" | "kv" | "engram"; by_component: the weights by their memory_report
+    component (attention_linears, shared_expert, routed_experts, embed_head, ...) instead."""
     cats = {}
     for name, t in mr.model_tensors(model).items():
-        cats[t.untyped_storage()._cdata] = "engram" if mr.component_of(name) == "engram_tables" else "weights"
+        comp = mr.component_of(name)
+        cats[t.untyped_storage()._cdata] = "engram" if comp == "engram_tables" else comp if by_component else "weights"
     for group in (cache.swa, cache.comp_state, cache.entries, cache.index_keys):
         for t in group.values():
             for leaf in (t if isinstance(t, (tuple, list)) else (t,)):
@@ -224,13 +227,14 @@ def storage_categories(model, cache) -> dict[int, str]:
     return cats
 
 
-def run_step(model, cache, layout, chunks, bucket, logits_rows: int) -> dict:
+def run_step(model, cache, layout, chunks, bucket, logits_rows: int, categories: dict | None = None) -> dict:
     """One fixed-shape step on meta: {"tokens", "context", "num_layers", "collectives", "per_layer",
-    "outside_layers", "bytes_read"}."""
+    "outside_layers", "bytes_read"} (bytes by storage_categories, or the given categories)."""
     from deepinfer.model_executor.forward_meta import step_to
     from deepinfer.model_executor.static_step import BucketSpec
-    spec = BucketSpec(batch=(bucket.num_seqs,), contexts=(bucket.context,), prefill_tokens=(bucket.num_tokens,),
-                      max_model_len=bucket.context)
+    # a prompt bucket holds at least 2 tokens; a 1-row decode step's bucket is its own (num_tokens 1)
+    spec = BucketSpec(batch=(bucket.num_seqs,), contexts=(bucket.context,),
+                      prefill_tokens=(max(2, bucket.num_tokens),), max_model_len=bucket.context)
     step = step_to(model.host_inputs(spec.static_step(chunks, bucket, layout, logits_rows=logits_rows)), "meta")
     per_layer: list[list[dict]] = []
 
@@ -240,7 +244,7 @@ def run_step(model, cache, layout, chunks, bucket, logits_rows: int) -> dict:
         per_layer.append(log)
         return out
 
-    counter = ReadCounter(storage_categories(model, cache))
+    counter = ReadCounter(categories or storage_categories(model, cache))
     with comm.record_collectives() as everything, counter:
         logits = model(step, cache, run_layer=run_layer)
         # a vocabulary-split head leaves the CP group as whole rows here (the candidate form needs values)
@@ -323,9 +327,11 @@ def rank_bytes(model, cache, layout: ParallelLayout) -> dict:
 
 def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: int = 1, steps: bool = True,
             batch: int = 8, context: int = 4096, prefill_tokens: int = 128, dtype=torch.bfloat16,
-            kv_cache_mode: str = "plain", ranks=None, log=None, nextn: int = 0) -> dict:
+            kv_cache_mode: str = "plain", ranks=None, log=None, nextn: int = 0, decode_steps=None) -> dict:
     """The report of the module docstring. attn_tp defaults to min(cp, 8) (the engine's lane default);
-    ranks: the ranks to walk (default all); nextn: drafts per row (speculative steps too)."""
+    ranks: the ranks to walk (default all); nextn: drafts per row (speculative steps too);
+    decode_steps: predicted decode steps, fn(model, cfg, layout, context, dtype, kv_cache_mode, log) ->
+    {rows: step} run on the first shard class ("decode_steps"; tools/step_prediction.py predictor)."""
     from deepinfer.model_executor.static_step import Bucket
     attn_tp = attn_tp or min(cp, 8)
     world = max(cp, ep)
@@ -351,6 +357,8 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
                 cls["prefill_chunk"] = run_step(model, cache, cache_layout,
                                                 prefill_chunks(prefill_tokens, context, bs),
                                                 Bucket(1, prefill_tokens, context), logits_rows=1)
+                if decode_steps is not None:
+                    cls["decode_steps"] = decode_steps(model, cfg, layout, context, dtype, kv_cache_mode, log)
                 if nextn:
                     model.enable_drafting()   # from here the main forward also writes the draft keys
                     q = 1 + nextn
@@ -375,6 +383,8 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
         for key in keys:
             report[key] = {**first[key], "same_for_ranks": first["ranks"],
                            "floor_estimate": floor_estimate(first[key])}
+        if decode_steps is not None:
+            report["decode_steps"] = {r: {**st, "same_for_ranks": first["ranks"]} for r, st in first["decode_steps"].items()}
         if nextn:
             report["speculative_estimate"] = speculative_estimate(report["decode_step"], report["verify_step"],
                                                                   report["draft_block"], nextn)
@@ -465,6 +475,17 @@ def format_dry_run(report: dict) -> str:
             lines.append(f"speculative step (nextn {est['nextn']}, {est['label']}, {what}): verification + draft "
                          f"{e['speculative_step']:.2f} ms vs plain {e['plain_step']:.2f} ms: it pays off above "
                          f"{e['break_even_tokens_per_step']:.2f} tokens per step (at most {1 + est['nextn']})")
+    for rows, st in report.get("decode_steps", {}).items():
+        parts = st["predicted_ms_parts"]
+        lines.append(f"-- predicted decode step, {rows} row(s), context {st['context']} ({st['label']}):")
+        lines.append(f"   bytes read a rank: expected {st['bytes_read_expected'] / gib:.3f} GiB, worst "
+                     f"{st['bytes_read_worst'] / gib:.3f} GiB (routed experts {st['routed_experts']['form']}, "
+                     f"{st['routed_experts']['expected_experts_per_layer']:.3f} of "
+                     f"{st['routed_experts']['local_experts']} a layer expected)")
+        lines.append(f"   predicted {st['predicted_ms']:.2f} ms (worst {st['predicted_ms_worst']:.2f}) = fp8 kernels "
+                     f"{parts['fp8_kernels']:.2f} + routed experts {parts['routed_experts']:.2f} + bandwidth "
+                     f"{parts['bandwidth']:.2f} + {st['collective_count']} collectives "
+                     f"{parts['collectives']:.2f} at {st['assumptions']['collective_latency_s'] * 1e6:.0f} us")
     if "decode_step" in report:
         ok = report["decode_step"]["max_collectives_per_layer"] <= 2
         lines.append(f"at most 2 collectives per decoder layer in a decode step: {'yes' if ok else 'NO'}")

@@ -160,11 +160,11 @@ def _fp8_thunk(m, k, design):
     return make
 
 
-def _fp4_thunk(m, k):
+def _fp4_thunk(m, k, design="spread"):
     def make(n):
         w = _fp4(n, k)
         x = _x(m, k)
-        return lambda: ops.blockquant_fp4_gemm(x, *w, 32)
+        return lambda: ops.blockquant_fp4_gemm(x, *w, 32, design=design)
     return make
 
 
@@ -186,7 +186,8 @@ def cost_report(scale: int = 1) -> list:
             seed = predicted_seconds(_fp8_thunk(m, k, "seed"), n, N_STEP)
         else:
             weight_bytes = n * k / 2 + n * k / 32       # nibbles + one exponent per 32
-            now = seed = predicted_seconds(_fp4_thunk(m, k), n, N_STEP)
+            now = predicted_seconds(_fp4_thunk(m, k, "spread"), n, N_STEP)
+            seed = predicted_seconds(_fp4_thunk(m, k, "vector"), n, N_STEP)
         rows.append({"name": name, "shape": [m, k, n], "predicted_ms": now["total"] * 1e3,
                      "predicted_engine_ms": {e: v * 1e3 for e, v in now.items() if e != "total"},
                      "roofline_ms": roofline_seconds(m, k, n, weight_bytes) * 1e3,

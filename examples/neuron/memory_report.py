@@ -17,6 +17,13 @@ floor estimate on trn2:
         --step [--output out.json] [--attn-tp 8] [--nnodes 1] [--batch 8] [--context 4096] [--prefill-tokens 128]
         [--nextn 5]
 
+--rows 1,8 adds predicted decode steps of those row counts ("decode_steps": bytes read expected under
+uniform routing and worst case, the collectives, a predicted time from the kernel cost model, the HBM
+bandwidth and --collective-latency-us [25]; every number an ESTIMATE; deepinfer/tools/step_prediction.py):
+
+    python examples/neuron/memory_report.py --config examples/configs/v41-flash.json --cp 64 --ep 64 \
+        --step --rows 1,8 [--collective-latency-us 25] --json out.json
+
 --nextn B adds speculative decoding: the verification step (rows of 1 + B tokens), one DSpark draft
 block, and the tokens per step a speculative step must emit to beat plain decoding at those floors.
 """
@@ -32,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.tools.memory_report import format_report, memory_report  # noqa: E402
 from deepinfer.tools.dry_run import dry_run, format_dry_run  # noqa: E402
+from deepinfer.tools.step_prediction import predictor  # noqa: E402
 
 
 def load_config(path: str) -> ModelConfig:
@@ -66,7 +74,18 @@ def main(argv=None) -> dict:
     dry.add_argument("--nextn", type=int, default=0,
                      help="with --step: drafts per row; also runs the verification step and the draft block")
     dry.add_argument("--output", help="write the dry run's JSON here (--json works too)")
+    dry.add_argument("--rows", default="", help="with --step: comma-separated row counts of predicted decode steps")
+    dry.add_argument("--collective-latency-us", type=float, default=25.0,
+                     help="with --rows: the latency of one collective in the predicted steps")
     args = ap.parse_args(argv)
+    try:
+        args.rows = [int(r) for r in args.rows.split(",") if r.strip()]
+    except ValueError:
+        ap.error(f"--rows: comma-separated positive ints, got {args.rows!r}")
+    if any(r < 1 for r in args.rows) or (args.rows and not args.step):
+        ap.error("--rows: positive row counts, and only with --step")
+    if args.collective_latency_us < 0:
+        ap.error("--collective-latency-us: a latency >= 0")
     if args.nextn < 0 or (args.nextn and not args.step):
         ap.error("--nextn: a count >= 0, and only with --step")
     cfg = load_config(args.config)
@@ -100,6 +119,7 @@ def _dry_run(args, cfg) -> dict:
                         steps=args.step, batch=args.batch, context=args.context,
                         prefill_tokens=args.prefill_tokens, dtype=getattr(torch, args.dtype),
                         kv_cache_mode=args.kv_cache_mode, nextn=args.nextn,
+                        decode_steps=predictor(args.rows, args.collective_latency_us * 1e-6) if args.rows else None,
                         log=lambda m: print(m, file=sys.stderr))}
     print(format_dry_run(report))
     out = args.output or args.json

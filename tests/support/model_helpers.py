@@ -158,3 +158,14 @@ def assert_padding_wrote_only_scratch(padded, plain, used_slots, used_blocks, sl
         assert torch.isfinite(pa.float()).all(), name
         scratch_written |= bool((pa[scratch] != 0).any())
     assert scratch_written, "placeholders must have written the scratch slot / block"
+
+
+def memory_report_cli():
+    """examples/neuron/memory_report.py loaded as a module (its `main(argv)` is the command line)."""
+    import importlib.util
+
+    from tests.support import REPO
+    spec = importlib.util.spec_from_file_location("memory_report_cli", REPO / "examples" / "neuron" / "memory_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -41,6 +41,8 @@ def kernel_args():
                          10.0), {}),
         "moe_experts_static": ((rnd(t, d), idx, torch.rand(t, 2, generator=g), rnd(6, 16, d) * 0.2,
                                 rnd(6, d, 8) * 0.2, 10.0), {}),
+        "moe_experts_active": ((rnd(t, d), idx, torch.rand(t, 2, generator=g), rnd(6, 16, d) * 0.2,
+                                rnd(6, d, 8) * 0.2, 10.0), {}),
         "expert_mlp": ((rnd(t, d), rnd(8, d), rnd(8, d), rnd(d, 8), 10.0), {}),
         "engram_gate": ((rnd(t, n, d), rnd(t, (n + 1) * d), rnd(n, d), rnd(n, d), 1e-6), {}),
         "swiglu": ((rnd(t, 8) * 6, rnd(t, 8) * 6, 7.0), {}),
@@ -49,6 +51,7 @@ def kernel_args():
         "blockquant_fp8_grouped_gemm": ((rnd(t, 2, 64), w8.view(torch.uint8), s8.view(torch.uint8), 8, 16), {}),
         "fp4_routed_experts": (moe_packed + (32, 10.0), {}),
         "fp4_static_experts": (moe_packed + (32, 10.0), {}),
+        "fp4_active_experts": (moe_packed + (32, 10.0), {}),
         "fp8_table_rows": ((table.view(torch.uint8), table_s.view(torch.uint8), rows, 16, torch.float32), {}),
     }
 

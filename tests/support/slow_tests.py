@@ -9,6 +9,8 @@ tests/; tests/repo/test_test_layout.py checks that each one names a test that ex
 SLOW = {
     # unit
     "unit/test_memory_report.py::test_v41_flash_builds_on_meta_without_allocating": 59,
+    "unit/test_step_prediction.py::test_cli_decode_steps": 127,   # fast case: test_decode_steps_at_cp2_ep2
+    "unit/test_step_prediction.py::test_bytes_follow_the_shard_plan_and_time_the_bandwidth_without_kernels": 8,
     # engine
     "engine/test_spec_decode.py::test_confidence_scheduled_greedy_equals_plain_greedy": 29,
     "engine/test_spec_decode.py::test_sampled_requests_reproduce_per_seed_across_batches": 28,
@@ -28,6 +30,9 @@ SLOW = {
     "engine/test_cuda_graph_runner.py::test_padded_decode_step_is_capturable[v4-dtype3-plain-packed]": 4,
     "engine/test_cuda_graph_runner.py::test_padded_decode_step_is_capturable[v41-dtype1-plain-dense]": 2,
     # neuron (host mode)
+    "neuron/test_nki_active_experts.py::test_active_kernel_equals_the_all_experts_kernel_bitwise[dtype0-sweep]": 22,
+    "neuron/test_nki_active_experts.py::test_active_kernel_equals_the_all_experts_kernel_bitwise[dtype1-sweep]": 16,
+    "neuron/test_nki_active_experts.py::test_active_kernel_equals_the_all_experts_kernel_bitwise[dtype1-fast]": 10,
     "neuron/test_regions.py::test_compact_kv_records_compile_into_regions": 16,
     "neuron/test_regions.py::test_warm_up_compiles_every_bucket_before_the_first_request": 12,
     "neuron/test_spec_regions.py": 17,
@@ -38,6 +43,7 @@ SLOW = {
     # ranks, the server's requests, the bench offline)
     "process/test_multi_rank_model.py": 87,
     "process/test_vocab_parallel_ranks.py": 212,
+    "process/test_ep_active_experts.py": 55,
     "process/test_shared_tables.py::test_three_ranks_share_one_mapped_table": 63,
     "process/test_shared_tables.py::test_rank_that_never_maps_fails_the_host_and_leaves_nothing": 32,
     "process/test_shared_tables.py::test_rank_killed_after_mapping_leaves_nothing": 29,

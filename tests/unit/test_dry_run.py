@@ -5,7 +5,6 @@ here from the canonical tensor list and the sharding rules of the design (docs/n
 and each decoder layer's collectives against the design: one lane all-reduce and one MoE combine
 (an all-reduce when the EP group holds replicated tokens; an all-gather plus a reduce-scatter when it
 spans CP groups). The V4.1-Flash run at cp = ep = 64 is marked slow."""
-import importlib.util
 import json
 import math
 import re
@@ -22,18 +21,10 @@ from deepinfer.model_executor.checkpoint_schema import tensor_shapes
 from deepinfer.model_executor.tiny_checkpoint import v41_tiny_config
 
 from tests.support import REPO
-from tests.support.model_helpers import tiny_config
+from tests.support.model_helpers import memory_report_cli as _cli, tiny_config
 
 V41_FLASH = REPO / "examples" / "configs" / "v41-flash.json"
 GIB = 2 ** 30
-
-
-def _cli():
-    path = REPO / "examples" / "neuron" / "memory_report.py"
-    spec = importlib.util.spec_from_file_location("memory_report_cli", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 _EXPERT = re.compile(r"^(layers|mtp)\.\d+\.ffn\.experts\.(\d+)\.")

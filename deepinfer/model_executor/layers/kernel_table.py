@@ -16,6 +16,7 @@ _REFERENCES = {
     "compress_pool": compressor.pool_entries,
     "moe_experts": moe.routed_experts,
     "moe_experts_static": moe.static_routed_experts,   # padded steps (StepInputs.static_shapes)
+    "moe_experts_active": moe.active_local_experts,    # padded steps reading only the hit experts
     "expert_mlp": moe.expert_mlp,
     "engram_gate": engram.engram_gate,
     # weights kept in their checkpoint formats (layers/packed_weights.py)
@@ -24,6 +25,7 @@ _REFERENCES = {
     "blockquant_fp4_gemm": quant_gemm.blockquant_fp4_gemm,
     "fp4_routed_experts": quant_gemm.fp4_routed_experts,
     "fp4_static_experts": quant_gemm.fp4_static_experts,     # padded steps (StepInputs.static_shapes)
+    "fp4_active_experts": quant_gemm.fp4_active_experts,     # padded steps reading only the hit experts
     "fp8_table_rows": quant_gemm.fp8_table_rows,
 }
 

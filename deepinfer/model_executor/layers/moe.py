@@ -147,3 +147,80 @@ def static_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Ten
     if x.dtype == torch.bfloat16 and w13.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
         return grouped_static_experts(x, idx, weights, w13, w2, limit)
     return dense_local_experts(x, idx, weights, w13, w2, limit)
+
+
+# -- fixed-shape active experts ---------------------------------------------------------------------
+# A decode step routes T*k pairs over E experts; with T*k << E most held experts get no pair, and the
+# forms above still read all of their weights. The form below reads only the experts hit by at least
+# one pair: a compacted list of their ids with a static length S = min(E, T*k) and a runtime count,
+# and a loop over the S slots whose slot j runs (gathers expert ids[j]'s weights, computes, adds) only
+# when j < count. Traced into a graph the guard is a torch.cond (no host sync, no data-dependent
+# shape); eager it is a loop over the count. Accumulation matches the all-experts forms: expert
+# outputs in x's dtype, weighted and summed in fp32 in ascending expert order (skipping an expert
+# whose combine column is all zero adds nothing), one final cast (docs/neuron.md §5.5).
+
+# Expected pairs per expert (rows * top_k / routed experts) from which a fixed-shape step runs every
+# held expert instead: by then nearly every expert is hit (P = 1 - e^-1 at 1.0), so the compacted loop
+# saves no bytes and only adds its guard per slot (docs/neuron.md §5.5).
+ACTIVE_EXPERTS_MAX_LOAD = 1.0
+
+
+def use_active_experts(rows: int, topk: int, n_experts: int) -> bool:
+    """Whether a fixed-shape step of `rows` rows (each routing `topk` pairs over `n_experts` routed
+    experts, all ranks together) takes the compacted active-experts form. Python ints only: every
+    rank of an EP group decides the same from the same static shapes."""
+    return rows * topk < ACTIVE_EXPERTS_MAX_LOAD * n_experts
+
+
+def active_expert_slots(idx: torch.Tensor, weights: torch.Tensor, n_experts: int):
+    """(ids [S] int64, count 0-dim int64) with S = min(n_experts, idx.numel()): the experts holding at
+    least one pair of non-zero weight, ascending, then n_experts (no expert) in the unused slots. A
+    pair of zero weight (another rank's pair, a placeholder row) hits nothing."""
+    slots = min(n_experts, idx.numel())
+    target = torch.where(weights != 0, idx.long(), torch.full_like(idx.long(), n_experts))
+    hit = torch.zeros(n_experts + 1, dtype=torch.bool, device=idx.device)
+    hit = hit.scatter(0, target.reshape(-1), torch.ones_like(target.reshape(-1), dtype=torch.bool))[:n_experts]
+    count = hit.sum()
+    order = torch.argsort((~hit).to(torch.uint8), stable=True)      # hit experts first, ascending
+    used = torch.arange(n_experts, device=idx.device) < count
+    ids = torch.where(used, order, torch.full_like(order, n_experts))
+    return ids[:slots], count
+
+
+def active_slot_sum(x: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, comb: torch.Tensor,
+                    expert_out) -> torch.Tensor:
+    """fp32 [T, D]: sum over slots j < count of comb[:, ids[j]] * expert_out(ids[j:j+1]).
+    expert_out(e) -> [T, D] in x's dtype; it must read only expert e's weights (index_select by e).
+    On meta tensors (the dry run: no values) every slot runs, the worst case."""
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+
+    def add(out, e):
+        return out + comb.index_select(1, e) * expert_out(e).float()
+    if x.is_meta:
+        for j in range(ids.shape[0]):
+            out = add(out, ids[j:j + 1])
+        return out
+    if not torch.compiler.is_compiling():
+        for j in range(int(count)):   # eager: the runtime count read on the host
+            out = add(out, ids[j:j + 1])
+        return out
+    for j in range(ids.shape[0]):
+        out = torch.cond(count > j, add, lambda out, e: out.clone(), (out, ids[j:j + 1]))
+    return out
+
+
+def active_local_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                         w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """The fixed-shape form of `routed_experts` that reads only the hit experts' weights (see above);
+    same arguments and rounding points as `dense_local_experts`. CUDA graphs capture no runtime count,
+    so on CUDA it is `static_routed_experts`."""
+    if x.is_cuda:
+        return static_routed_experts(x, idx, weights, w13, w2, limit)
+    n_experts, inter = w13.shape[0], w2.shape[2]
+    comb = combine_weights(idx, weights, n_experts)
+    ids, count = active_expert_slots(idx, weights, n_experts)
+
+    def expert_out(e):
+        gu = x @ w13.index_select(0, e)[0].t()
+        return swiglu(gu[:, :inter], gu[:, inter:], limit) @ w2.index_select(0, e)[0].t()
+    return active_slot_sum(x, ids, count, comb, expert_out).to(x.dtype)

@@ -1,6 +1,6 @@
 """GEMMs on weights kept in their checkpoint formats (docs/model.md §2.1): the references of the
 named kernels `blockquant_fp8_gemm`, `blockquant_fp8_grouped_gemm`, `blockquant_fp4_gemm`,
-`fp4_routed_experts` / `fp4_static_experts` and `fp8_table_rows`.
+`fp4_routed_experts` / `fp4_static_experts` / `fp4_active_experts` and `fp8_table_rows`.
 
 Arguments are what a device kernel reads: codes as uint8 bytes (e4m3 values, or e2m1 pairs with the
 low nibble first), ue8m0 scales as uint8 exponent bytes, block shapes as ints; no float8 dtype and no
@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from deepinfer.model_executor.layers import quant
-from deepinfer.model_executor.layers.moe import combine_weights, looped_experts, swiglu
+from deepinfer.model_executor.layers.moe import (active_expert_slots, active_slot_sum, combine_weights, looped_experts,
+                                                 swiglu)
 
 # Output rows dequantized per tile: bounds the transient dense tile to TILE_ROWS x K fp32 values.
 TILE_ROWS = 2048
@@ -104,6 +105,25 @@ def fp4_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
         y = swiglu(gu[:, :inter], gu[:, inter:], limit) @ g2.t()
         out = out + comb[:, e:e + 1] * y.float()
     return out.to(x.dtype)
+
+
+def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                       w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, group: int,
+                       limit: float) -> torch.Tensor:
+    """Fixed-shape form of `fp4_routed_experts` that reads only the experts hit by a pair of non-zero
+    weight (layers/moe.py `active_slot_sum`: a compacted id list of static length, a runtime count);
+    same arguments, results and rounding points as `fp4_static_experts`."""
+    _check_codes("fp4_active_experts w13", w13)
+    inter = w2.shape[2] * 2
+    comb = combine_weights(idx, weights, w13.shape[0])
+    ids, count = active_expert_slots(idx, weights, w13.shape[0])
+
+    def expert_out(e):
+        g13 = quant.dequant_fp4(w13.index_select(0, e)[0], w13_scale.index_select(0, e)[0], group, out_dtype=x.dtype)
+        g2 = quant.dequant_fp4(w2.index_select(0, e)[0], w2_scale.index_select(0, e)[0], group, out_dtype=x.dtype)
+        gu = x @ g13.t()
+        return swiglu(gu[:, :inter], gu[:, inter:], limit) @ g2.t()
+    return active_slot_sum(x, ids, count, comb, expert_out).to(x.dtype)
 
 
 def fp8_table_rows(codes: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor, group: int,

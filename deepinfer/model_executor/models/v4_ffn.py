@@ -8,7 +8,7 @@ from torch import nn
 from deepinfer.model_executor.checkpoint_formats import FP4, FP8, TABLE, stored_as
 from deepinfer.model_executor.layers.engram_host import HostTableOwner
 from deepinfer.model_executor.layers.ep_moe import ep_routed_experts
-from deepinfer.model_executor.layers.moe import route, swiglu
+from deepinfer.model_executor.layers.moe import route, swiglu, use_active_experts
 from deepinfer.model_executor.layers.packed_weights import PackedFp4Weight, PackedFp8Linear, linear_mm
 from deepinfer.model_executor.models.v4_common import StepContext, f32_param, linear
 
@@ -115,11 +115,14 @@ class MoE(nn.Module):
     def run_experts(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, k, static_shapes: bool) -> torch.Tensor:
         """The held experts' weighted sum for rows x; idx are local expert ids ([0, n_local)), in x's dtype."""
         limit = self.cfg.swiglu_limit
+        # fixed shapes: only the hit experts while few are hit, else every held expert (layers/moe.py)
+        active = static_shapes and use_active_experts(x.shape[0], self.topk, self.n_experts)
         if self.packed_experts:
-            experts = k.fp4_static_experts if static_shapes else k.fp4_routed_experts
+            experts = ((k.fp4_active_experts if active else k.fp4_static_experts) if static_shapes
+                       else k.fp4_routed_experts)
             return experts(x, idx, w, self._w13, self._w13_scale, self._w2, self._w2_scale,
                            self.first_expert.w1.group, limit)
-        experts = k.moe_experts_static if static_shapes else k.moe_experts
+        experts = (k.moe_experts_active if active else k.moe_experts_static) if static_shapes else k.moe_experts
         return experts(x, idx, w, self._w13, self._w2, limit)
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, k, static_shapes: bool = False,

@@ -19,6 +19,7 @@ import torch
 from deepinfer.neuron_ops.nki import api, counts
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import K_ROWS as FP4_K_ROWS
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import blockquant_fp4_gemm_kernel
+from deepinfer.neuron_ops.nki.kernels.fp4_active_experts import fp4_active_experts_kernel
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp8_gemm import (K_TILE, N_TILE, ROWS_TENSOR_DESIGN,
                                                                  blockquant_fp8_gemm_kernel,
                                                                  blockquant_fp8_gemm_seed_kernel, group_blocks)
@@ -120,6 +121,7 @@ def last_stats():
         total.matmul_flops += s.matmul_flops
         total.peak_sbuf_bytes = max(total.peak_sbuf_bytes, s.peak_sbuf_bytes)
         total.peak_psum_banks = max(total.peak_psum_banks, s.peak_psum_banks)
+        total.hbm_reads.update(s.hbm_reads)   # each launch reads its own HBM inputs
         total.predicted_s += s.predicted_s   # launches of one call run one after another
         for e, v in s.engine_s.items():
             total.engine_s[e] = total.engine_s.get(e, 0.0) + v
@@ -227,16 +229,20 @@ def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: 
 
 @wrapper("blockquant_fp4_gemm")
 def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int, *,
-                        grid: int = 2) -> torch.Tensor:
+                        grid: int = 2, design: str = "spread") -> torch.Tensor:
     """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp4_gemm): x [M, K],
     w_packed uint8 [N, K/2], w_scale uint8 [N, K/group]. The weight bytes are only transposed
-    (K-major, as a load would store them); x is split into its even and odd columns."""
+    (K-major, as a load would store them); x is split into its even and odd columns. design: the
+    decode over three engines ("spread") or on the Vector Engine alone ("vector", the seed's way);
+    both give the same weights (kernels/blockquant_fp4_gemm.py)."""
     _fp4_check("blockquant_fp4_gemm", w_packed, w_scale, group)
+    if design not in ("spread", "vector"):
+        raise ValueError(f"blockquant_fp4_gemm: design {design!r} is not spread or vector")
     if x.shape[0] > _ROWS_MAX:
-        return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid)
+        return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid, design=design)
                           for r in range(0, x.shape[0], _ROWS_MAX)])
     out = _run(blockquant_fp4_gemm_kernel, _grid(grid), x[:, 0::2].contiguous(), x[:, 1::2].contiguous(),
-               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group), int(group))
+               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group), int(group), design)
     return _torch(out)
 
 
@@ -256,4 +262,44 @@ def fp4_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
         h = swiglu(gu[:, :inter].contiguous(), gu[:, inter:].contiguous(), limit)
         y = blockquant_fp4_gemm(h, w2[e], w2_scale[e], group)
         out = out + comb[:, e:e + 1] * y.float()
+    return out.to(x.dtype)
+
+
+@wrapper("fp4_active_experts")
+def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                       w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, group: int,
+                       limit: float, *, grid: int = 2) -> torch.Tensor:
+    """Routed experts on packed fp4 weights reading only the hit experts
+    (quant_gemm.fp4_active_experts): the compacted ids and count as the reference makes them, the
+    gate/up projection of every hit expert in one launch over them (kernels/fp4_active_experts.py),
+    SwiGLU on the slots' rows, the down projection in a second launch, then the combine weights of
+    the slots below the count applied in fp32 on the host in ascending expert order (the order the
+    all-experts wrapper adds in). The weight stacks are only re-laid K-major, as a load would store
+    them; the kernels' DMAs read the hit experts' tiles alone."""
+    from deepinfer.model_executor.layers.moe import active_expert_slots, combine_weights
+    _fp4_check("fp4_active_experts", w13, w13_scale, group)
+    if x.shape[0] > _ROWS_MAX:
+        return torch.cat([fp4_active_experts(x[r:r + _ROWS_MAX], idx[r:r + _ROWS_MAX], weights[r:r + _ROWS_MAX],
+                                             w13, w13_scale, w2, w2_scale, group, limit, grid=grid)
+                          for r in range(0, x.shape[0], _ROWS_MAX)])
+    n_experts, inter, m = w13.shape[0], w2.shape[2] * 2, x.shape[0]
+    comb = combine_weights(idx, weights, n_experts)
+    ids, count = active_expert_slots(idx, weights, n_experts)
+    slots = ids.shape[0]
+    ids_in = ids.to(torch.int32).reshape(slots, 1, 1)
+    count_in = count.to(torch.int32).reshape(1, 1)
+    onehot = _fp4_onehot(group)
+
+    def project(rows, w, s):   # rows [Sx, M, K] -> [S, M, N]
+        return _torch(_run(fp4_active_experts_kernel, _grid(grid), rows[..., 0::2].contiguous(),
+                           rows[..., 1::2].contiguous(), w.transpose(1, 2).contiguous(),
+                           s.transpose(1, 2).contiguous(), onehot, ids_in, count_in, int(group)))
+    gu = project(x[None], w13, w13_scale)                                         # [S, M, 2I]
+    h = swiglu(gu[..., :inter].reshape(slots * m, inter).contiguous(),
+               gu[..., inter:].reshape(slots * m, inter).contiguous(), limit).reshape(slots, m, inter)
+    y = project(h, w2, w2_scale)                                                  # [S, M, D]
+    out = torch.zeros(m, x.shape[1], dtype=torch.float32)
+    for j in range(int(count)):   # host side of the wrapper: the count is a value here
+        e = int(ids[j])
+        out = out + comb[:, e:e + 1] * y[j].float()
     return out.to(x.dtype)

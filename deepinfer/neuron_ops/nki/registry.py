@@ -11,5 +11,6 @@ IMPLEMENTED = {
     "blockquant_fp8_grouped_gemm": ops.blockquant_fp8_grouped_gemm,
     "blockquant_fp4_gemm": ops.blockquant_fp4_gemm,
     "fp4_static_experts": ops.fp4_static_experts,
+    "fp4_active_experts": ops.fp4_active_experts,
     **attention_ops.WRAPPERS,   # sink_attention, index_scores, hc_mixes, hc_pre, hc_post
 }

@@ -42,6 +42,7 @@ FAKES = {
     "index_scores": lambda q, keys, weights, valid, key_scale=1.0: _f32(q, q.shape[0], keys.shape[1]),
     "compress_pool": lambda c, z, valid: c.new_empty(c.shape[0], c.shape[2]),
     "moe_experts": lambda x, idx, weights, w13, w2, limit: torch.empty_like(x),
+    "moe_experts_active": lambda x, idx, weights, w13, w2, limit: torch.empty_like(x),
     "expert_mlp": lambda x, w1, w3, w2, limit: x.new_empty(x.shape[0], w2.shape[0]),
     "engram_gate": lambda x, kv, q_weight, k_weight, eps: torch.empty_like(x),
     "swiglu": lambda gate, up, limit: torch.empty_like(gate),
@@ -51,6 +52,7 @@ FAKES = {
         x.shape[0], x.shape[1], w_codes.shape[0] // x.shape[1]),
     "blockquant_fp4_gemm": lambda x, w_packed, w_scale, group: x.new_empty(x.shape[0], w_packed.shape[0]),
     "fp4_static_experts": lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit: torch.empty_like(x),
+    "fp4_active_experts": lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit: torch.empty_like(x),
     "fp8_table_rows": lambda codes, scale, rows, group, dtype: codes.new_empty(
         rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype),
 }
@@ -97,6 +99,10 @@ def _moe_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w2: Tenso
     return moe.dense_local_experts(x, idx, weights, w13, w2, limit)
 
 
+def _moe_experts_active(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w2: Tensor, limit: float) -> Tensor:
+    return moe.active_local_experts(x, idx, weights, w13, w2, limit)
+
+
 def _expert_mlp(x: Tensor, w1: Tensor, w3: Tensor, w2: Tensor, limit: float) -> Tensor:
     return moe.expert_mlp(x, w1, w3, w2, limit)
 
@@ -127,6 +133,11 @@ def _fp4_static_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w1
     return quant_gemm.fp4_static_experts(x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit)
 
 
+def _fp4_active_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w13_scale: Tensor, w2: Tensor,
+                        w2_scale: Tensor, group: int, limit: float) -> Tensor:
+    return quant_gemm.fp4_active_experts(x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit)
+
+
 def _fp8_table_rows(codes: Tensor, scale: Tensor, rows: Tensor, group: int, dtype: torch.dtype) -> Tensor:
     return quant_gemm.fp8_table_rows(codes, scale, rows, group, dtype)
 
@@ -143,6 +154,7 @@ PLAIN = {
     "index_scores": _index_scores,
     "compress_pool": _compress_pool,
     "moe_experts": _moe_experts,
+    "moe_experts_active": _moe_experts_active,
     "expert_mlp": _expert_mlp,
     "engram_gate": _engram_gate,
     "swiglu": _swiglu,
@@ -150,6 +162,7 @@ PLAIN = {
     "blockquant_fp8_grouped_gemm": _blockquant_fp8_grouped_gemm,
     "blockquant_fp4_gemm": _blockquant_fp4_gemm,
     "fp4_static_experts": _fp4_static_experts,
+    "fp4_active_experts": _fp4_active_experts,
     "fp8_table_rows": _fp8_table_rows,
 }
 

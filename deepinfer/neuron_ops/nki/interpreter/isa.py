@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from deepinfer.neuron_ops.nki.interpreter import cost, dtypes, ops, state
+from deepinfer.neuron_ops.nki.interpreter.registers import (VirtualRegister, oob_mode, register_alloc,  # noqa: F401
+                                                            register_load)
 from deepinfer.neuron_ops.nki.interpreter.rules import (MATMUL_CONTRACTION_MAX, MATMUL_MOVING_FREE_MAX,
                                                         MATMUL_STATIONARY_FREE_MAX, TRANSPOSE_TENSOR_ENGINE_MAX,
                                                         TRANSPOSE_VECTOR_ENGINE_MAX, require)
-from deepinfer.neuron_ops.nki.interpreter.tensor import Tensor, check_on_chip, values
+from deepinfer.neuron_ops.nki.interpreter.tensor import OutOfBounds, Tensor, check_on_chip, values
 
 
 class engine:  # noqa: N801 (the NKI name)
@@ -213,3 +215,24 @@ def memset(shape, value, dtype, *, mask=None, engine=engine.unknown, **kwargs):
     out = Tensor.allocate(shape, dtype, "sbuf", "memset")
     out.data[...] = dtypes.round_to(np.full(out.shape, value), dtype)
     return out
+
+
+# --- DMA ------------------------------------------------------------------------------------------
+def dma_copy(*, dst, src, oob_mode=oob_mode.error, dge_mode=None, **kwargs):
+    """DMA between HBM and SBUF (either way; src and dst of one shape). Either side may be an HBM
+    view at a register offset (a runtime start address); one outside its tensor fails (rule dma-oob)
+    unless oob_mode is skip, which issues the DMA and moves nothing."""
+    from deepinfer.neuron_ops.nki.interpreter import language
+    if isinstance(src, OutOfBounds) or isinstance(dst, OutOfBounds):
+        require(oob_mode == "skip", "dma-oob", f"dma_copy {src!r} -> {dst!r}")
+        state.current().count_dma(0)
+        return
+    require(isinstance(src, Tensor) and isinstance(dst, Tensor) and {src.buffer == "sbuf", dst.buffer == "sbuf"}
+            == {True, False} and "psum" not in (src.buffer, dst.buffer), "dma-hbm-sbuf",
+            f"dma_copy {src!r} -> {dst!r}")
+    require(src.shape == dst.shape, "shape", f"dma_copy of {src.shape} into {dst.shape}")
+    if dst.buffer == "sbuf":
+        dst.data[...] = dtypes.round_to(values(src), dst.dtype)
+        language.read_hbm(src)
+    else:
+        language.write_hbm(dst, src)

@@ -13,7 +13,8 @@ from deepinfer.neuron_ops.nki.interpreter.dtypes import (bfloat16, float8_e4m3, 
 from deepinfer.neuron_ops.nki.interpreter.rules import (LNC_MAX, MATMUL_MOVING_FREE_MAX, MATMUL_STATIONARY_FREE_MAX,
                                                         PARTITIONS, PSUM_BANK_BYTES, PSUM_BANKS,
                                                         SBUF_BYTES_PER_PARTITION, require)
-from deepinfer.neuron_ops.nki.interpreter.tensor import IndexExpr, Tensor, check_on_chip, values
+from deepinfer.neuron_ops.nki.interpreter.registers import dynamic_range  # noqa: F401
+from deepinfer.neuron_ops.nki.interpreter.tensor import IndexExpr, OutOfBounds, Tensor, check_on_chip, values
 
 bool_ = uint8
 
@@ -156,25 +157,38 @@ def load(src, *, mask=None, dtype=None):
     """DMA HBM -> SBUF: a new SBUF tile holding `src` (optionally converted to `dtype`)."""
     if mask is not None:
         raise NotImplementedError("nki interpreter: masks are not supported; slice instead")
+    require(not isinstance(src, OutOfBounds), "dma-oob", f"nl.load of {src!r}")
     require(isinstance(src, Tensor) and not src.on_chip, "dma-hbm-sbuf",
             f"nl.load reads HBM, got {src!r}")
     out = Tensor.allocate(src.shape, dtype or src.dtype, sbuf, "load")
     out.data[...] = dtypes.round_to(values(src), out.dtype)
     out.fresh_load = True
+    read_hbm(src)
+    return out
+
+
+def read_hbm(src: Tensor) -> None:
+    """Account one DMA reading HBM view `src`: its bytes, one DMA instruction, the elements read."""
     launch = state.current()
     launch.count_dma(src.data.size * src.dtype.itemsize)
     launch.stats.dma_bytes_in += src.data.size * src.dtype.itemsize
-    return out
+    launch.mark_read(src.data)
 
 
 def store(dst, value, *, mask=None):
     """DMA SBUF -> HBM: write `value` into the HBM tensor view `dst` (converted to dst's dtype)."""
     if mask is not None:
         raise NotImplementedError("nki interpreter: masks are not supported; slice instead")
+    require(not isinstance(dst, OutOfBounds), "dma-oob", f"nl.store into {dst!r}")
     require(isinstance(dst, Tensor) and not dst.on_chip, "dma-hbm-sbuf", f"nl.store writes HBM, got {dst!r}")
     require(isinstance(value, Tensor) and value.buffer == sbuf, "dma-hbm-sbuf",
             f"nl.store reads SBUF, got {value!r} (copy PSUM to SBUF first)")
     require(value.shape == dst.shape, "shape", f"nl.store of {value.shape} into {dst.shape}")
+    write_hbm(dst, value)
+
+
+def write_hbm(dst: Tensor, value: Tensor) -> None:
+    """One DMA writing SBUF tile `value` into HBM view `dst` (converted to dst's dtype)."""
     dst.data[...] = dtypes.round_to(values(value), dst.dtype)
     launch = state.current()
     launch.count_dma(dst.data.size * dst.dtype.itemsize)

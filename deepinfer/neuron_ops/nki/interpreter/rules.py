@@ -36,6 +36,12 @@ RULES = {
     "lnc": f"an SPMD launch over logical cores (nl.nc(n)) has n <= {LNC_MAX} program ids on trn2",
     "bitvec-int": "bitvec operators (and, or, shifts) take integer tiles only",
     "shape": "operand shapes must match (or broadcast a (P, 1) vector along the free dims)",
+    "register-host": "a VirtualRegister's value exists only on the device: it bounds nl.dynamic_range or offsets a "
+                     "DMA, it never steers Python control flow or becomes a Python int",
+    "register-load": "register_load reads a 1x1 int32 tile in SBUF into a VirtualRegister",
+    "dynamic-range-step": "nl.dynamic_range takes a compile-time positive int step (bounds may be registers)",
+    "dynamic-offset": "a register offsets the outermost axis of an HBM tensor, as the start address of a DMA",
+    "dma-oob": "a DMA at a dynamic offset outside its tensor is a runtime error unless oob_mode.skip skips it",
 }
 
 

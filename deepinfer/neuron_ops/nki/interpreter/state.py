@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
+
 from deepinfer.neuron_ops.nki.interpreter import cost
 from deepinfer.neuron_ops.nki.interpreter.rules import (PSUM_BANK_BYTES, PSUM_BANKS, SBUF_BYTES_PER_PARTITION,
                                                         require)
@@ -25,6 +27,18 @@ class Stats:
     peak_psum_banks: int = 0
     predicted_s: float = 0.0     # cost model: the slowest program's time (cost.program_seconds)
     engine_s: dict = field(default_factory=dict)   # that program's per-engine and DMA seconds
+    hbm_reads: dict = field(default_factory=dict)  # id(root array) -> (root, bool mask of elements DMAs read)
+
+    def read_mask(self, tensor) -> np.ndarray:
+        """bool [tensor.shape]: the elements of HBM tensor `tensor` some DMA of the launch read."""
+        root, offset = _root(tensor.data)
+        entry = self.hbm_reads.get(id(root))
+        if entry is None:
+            return np.zeros(tensor.shape, dtype=bool)
+        return _strided_like(entry[1], offset, tensor.data).copy()
+
+    def bytes_read(self, tensor) -> int:
+        return int(self.read_mask(tensor).sum()) * tensor.dtype.itemsize
 
     def as_dict(self) -> dict:
         return {"instructions": {e: self.instructions.get(e, 0) for e in ENGINES},
@@ -54,6 +68,12 @@ class Launch:
         if cycles:
             busy = self.busy.setdefault(self.program, {})
             busy[engine] = busy.get(engine, 0.0) + cost.seconds(engine, cycles)
+
+    def mark_read(self, view: np.ndarray) -> None:
+        """Record the HBM elements a DMA read (exactly the view's elements, strides included)."""
+        root, offset = _root(view)
+        entry = self.stats.hbm_reads.setdefault(id(root), (root, np.zeros(root.size, dtype=bool)))
+        _strided_like(entry[1], offset, view)[...] = True
 
     def count_dma(self, nbytes: int) -> None:
         self.stats.instructions["dma"] += 1
@@ -90,6 +110,20 @@ class Launch:
             self.sbuf_live -= units
         else:
             self.psum_live_banks -= units
+
+
+def _root(view: np.ndarray):
+    """(the array owning a view's memory, the view's first element's offset in it, in elements)."""
+    root = view
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root, (view.__array_interface__["data"][0] - root.__array_interface__["data"][0]) // view.itemsize
+
+
+def _strided_like(mask: np.ndarray, offset: int, view: np.ndarray) -> np.ndarray:
+    """The elements of flat `mask` (one per root element) that `view` covers, in view's shape."""
+    strides = tuple(s // view.itemsize * mask.itemsize for s in view.strides)
+    return np.lib.stride_tricks.as_strided(mask[offset:], shape=view.shape, strides=strides)
 
 
 _current: Optional[Launch] = None

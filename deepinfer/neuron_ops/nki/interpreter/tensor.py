@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from deepinfer.neuron_ops.nki.interpreter import cost, dtypes, state
+from deepinfer.neuron_ops.nki.interpreter import cost, dtypes, registers, state
 from deepinfer.neuron_ops.nki.interpreter.rules import PARTITIONS, require
 
 HBM_BUFFERS = ("hbm", "shared_hbm", "private_hbm")
@@ -88,6 +88,7 @@ class Tensor:
         self._alloc = alloc
         self.from_matmul = False   # a fresh nc_matmul result (may only accumulate into fp32 PSUM)
         self.fresh_load = False    # a fresh nl.load result (may not be copied into PSUM: no HBM->PSUM)
+        self.dynamic = False       # an HBM view at a register offset (a DMA with a runtime start address)
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -130,11 +131,18 @@ class Tensor:
     def __repr__(self) -> str:
         return f"Tensor({self.buffer}, {self.shape}, {self.dtype.name})"
 
-    def __getitem__(self, idx) -> "Tensor":
+    def __getitem__(self, idx):
+        idx, dynamic = registers.resolve_index(idx)
+        if dynamic:
+            require(not self.on_chip, "dynamic-offset", f"register offset into on-chip tile {self}")
+            if not 0 <= idx[0] < self.shape[0]:
+                return OutOfBounds(self, idx[0])
         view = self.data[_normalize_index(idx)]
         if view.ndim == 0:
             view = view.reshape(1)
-        return Tensor(view, self.dtype, self.buffer, self._alloc)
+        out = Tensor(view, self.dtype, self.buffer, self._alloc)
+        out.dynamic = dynamic or self.dynamic
+        return out
 
     def __setitem__(self, idx, value) -> None:
         target = self.data[_normalize_index(idx)]
@@ -180,6 +188,21 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         return self.data.copy()
+
+
+class OutOfBounds:
+    """An HBM view whose register offset lies outside its tensor: a DMA from or to it fails (rule
+    dma-oob) unless `nisa.dma_copy(..., oob_mode=oob_mode.skip)` skips the transfer."""
+
+    def __init__(self, tensor: Tensor, index: int):
+        self.tensor, self.index = tensor, index
+        self.on_chip, self.buffer, self.dynamic = False, tensor.buffer, True
+
+    def __getitem__(self, idx):
+        return self
+
+    def __repr__(self) -> str:
+        return f"OutOfBounds({self.tensor}, index {self.index})"
 
 
 def _add_cycles(acc: "Tensor", other) -> float:

@@ -1,13 +1,17 @@
 """Blockquant fp4 GEMM for decode shapes: y = x @ W^T, W given as e2m1 nibble pairs (element 2j in
 the low nibble of byte j) with one ue8m0 exponent byte per `group` consecutive K elements of a row.
 
-Design note. trn2 has no fp4 (or integer) matmul datapath, so each weight tile is decoded once, on
-the Vector Engine, into the matmul's input format: x's dtype (bf16 for bf16 activations; fp32 for fp32
-ones, as the reference computes), with its 1x32 scale applied in the same pass, and is then the
-moving operand of both nibble halves' matmuls for every activation row. Decoding to fp8 instead
-would not remove the decode and would need a second rounding; folding the scale into x as the fp8
-kernel does would not either (the codes still need decoding). What the decode costs is in the cost
-model's table (docs/neuron.md section 3.7): it is the kernel's bound.
+Design note. trn2 has no fp4 (or integer) matmul datapath, so each weight tile is decoded once into
+the matmul's input format: x's dtype (bf16 for bf16 activations; fp32 for fp32 ones, as the reference
+computes), with its 1x32 scale applied in the same pass, and is then the moving operand of both
+nibble halves' matmuls for every activation row. Decoding to fp8 instead would not remove the decode
+and would need a second rounding; folding the scale into x as the fp8 kernel does would not either
+(the scale changes along N and every 32 along K; the codes still need decoding). The decode is the
+kernel's bound (docs/neuron.md section 3.7), so it is spread over three engines (`decode_spread`): the
+Vector Engine only does what only it does (the bit extractions, which take integer tiles, and the
+final scaled product), the Scalar Engine the one-tile arithmetic, GpSimd the two-tile adds; every
+intermediate is a small integer, a half or a signed power of two, so bf16 holds it exactly and the
+decoded weights equal the one-engine fp32 decode (`decode_e2m1`, design "vector") bit for bit.
 
 Layout the kernel reads (prepared by ops.blockquant_fp4_gemm; the weight bytes are the checkpoint's,
 transposed K-major):
@@ -41,6 +45,33 @@ def decode_e2m1(codes, dtype):
     return nisa.tensor_tensor(v, sign, nl.multiply, dtype=dtype)
 
 
+# (magnitude, sign) bit extractions of the low and the high nibble of a byte: (op0, operand0, op1, operand1)
+_NIBBLE_FIELDS = (((nl.bitwise_and, 7, None, None), (nl.right_shift, 3, nl.bitwise_and, 1)),
+                  ((nl.right_shift, 4, nl.bitwise_and, 7), (nl.right_shift, 7, None, None)))
+
+
+def decode_spread(packed, scale_rows, dtype):
+    """Both nibble halves of a byte tile as weights in `dtype`, times their scales (scale_rows, PSUM):
+    for the magnitude code m (0..7) and sign bit s, 2|v| = m + relu(m - 4) + 2 [m == 7] and
+    v * scale = 2|v| * (0.5 - s) * scale."""
+    half = nl.bfloat16
+    out = []
+    for (m0, a0, m1, a1), (s0, b0, s1, b1) in _NIBBLE_FIELDS:
+        mag = nisa.tensor_scalar(packed, m0, a0, op1=m1, operand1=a1, dtype=half)
+        neg = nisa.tensor_scalar(packed, s0, b0, op1=s1, operand1=b1, dtype=half)
+        over4 = nisa.tensor_scalar(mag, nl.subtract, 4.0, op1=nl.maximum, operand1=0.0, dtype=half,
+                                   engine=nisa.scalar_engine)
+        top = nisa.tensor_scalar(mag, nl.equal, 7.0, op1=nl.multiply, operand1=2.0, dtype=half,
+                                 engine=nisa.scalar_engine)
+        half_sign = nisa.tensor_scalar(neg, nl.multiply, -1.0, op1=nl.add, operand1=0.5, dtype=half,
+                                       engine=nisa.scalar_engine)
+        twice = nisa.tensor_tensor(nisa.tensor_tensor(mag, over4, nl.add, dtype=half, engine=nisa.gpsimd_engine),
+                                   top, nl.add, dtype=half, engine=nisa.gpsimd_engine)
+        signed_scale = nisa.tensor_tensor(half_sign, scale_rows, nl.multiply, dtype=half, engine=nisa.gpsimd_engine)
+        out.append(nisa.tensor_tensor(twice, signed_scale, nl.multiply, dtype=dtype))
+    return out
+
+
 def transpose_halves(lo_rows, hi_rows, kb):
     """x^T tiles of the even / odd columns: lists of SBUF [<=128, M] per K tile (Tensor Engine)."""
     lo_t, hi_t = [], []
@@ -51,8 +82,9 @@ def transpose_halves(lo_rows, hi_rows, kb):
     return lo_t, hi_t
 
 
-def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype):
-    """PSUM [m, nt] fp32 = x @ W[n0:n0+nt]^T over every K tile (decoded weights in `dtype`)."""
+def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, design="spread"):
+    """PSUM [m, nt] fp32 = x @ W[n0:n0+nt]^T over every K tile (decoded weights in `dtype`); design
+    "spread" (decode_spread) or "vector" (decode_e2m1 on the Vector Engine alone, the seed's way)."""
     kb = w_t.shape[0]
     rows_per_scale = group // 2
     acc = nl.zeros((m, nt), dtype=nl.float32, buffer=nl.psum)
@@ -66,17 +98,20 @@ def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype):
         # ue8m0 byte e is the bf16 exponent field of 2^(e - 127): bits e << 7
         scales = nisa.tensor_scalar(exps, nl.left_shift, 7, dtype=nl.uint16).view(nl.bfloat16)
         scale_rows = nisa.nc_matmul(onehot[0:sr, 0:kr], scales)          # PSUM [kr, nt]: row p = its scale
-        lo = nisa.tensor_scalar(packed, nl.bitwise_and, 15, dtype=nl.int32)
-        hi = nisa.tensor_scalar(packed, nl.right_shift, 4, dtype=nl.int32)
-        w_lo = nisa.tensor_tensor(decode_e2m1(lo, nl.float32), scale_rows, nl.multiply, dtype=dtype)
-        w_hi = nisa.tensor_tensor(decode_e2m1(hi, nl.float32), scale_rows, nl.multiply, dtype=dtype)
+        if design == "spread":
+            w_lo, w_hi = decode_spread(packed, scale_rows, dtype)
+        else:
+            lo = nisa.tensor_scalar(packed, nl.bitwise_and, 15, dtype=nl.int32)
+            hi = nisa.tensor_scalar(packed, nl.right_shift, 4, dtype=nl.int32)
+            w_lo = nisa.tensor_tensor(decode_e2m1(lo, nl.float32), scale_rows, nl.multiply, dtype=dtype)
+            w_hi = nisa.tensor_tensor(decode_e2m1(hi, nl.float32), scale_rows, nl.multiply, dtype=dtype)
         acc += nisa.nc_matmul(lo_t[kt], w_lo)
         acc += nisa.nc_matmul(hi_t[kt], w_hi)
     return acc
 
 
 @nki.jit
-def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group):
+def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group, design="spread"):
     m, kb = x_lo.shape
     n = w_t.shape[1]
     out = nl.ndarray((m, n), dtype=x_lo.dtype, buffer=nl.shared_hbm)
@@ -87,6 +122,6 @@ def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group):
     lo_t, hi_t = transpose_halves(nl.load(x_lo), nl.load(x_hi), kb)
     for n0 in nl.static_range(n_lo, n_hi, N_TILE):
         nt = min(N_TILE, n_hi - n0)
-        acc = fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, x_lo.dtype)
+        acc = fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, x_lo.dtype, design)
         nl.store(out[:, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
     return out
