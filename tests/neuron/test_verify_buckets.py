@@ -56,3 +56,19 @@ def test_power_of_two_verification_buckets_keep_plain_greedy_tokens(tiny_v41_dir
 @pytest.mark.parametrize("nextn", [3, 5])
 def test_power_of_two_verification_buckets_keep_plain_greedy_tokens_long(tiny_v41_dir, monkeypatch, nextn):
     _check(tiny_v41_dir, monkeypatch, nextn, *_plain_greedy(tiny_v41_dir, 24), rejects=True)
+
+
+def test_warm_up_compiles_the_planned_verification_graphs():
+    """The plan counts the padded verification bucket (2 x 6 -> 16 tokens, three sub-regions a
+    kind) next to the decode rows, and warm-up compiles exactly the plan."""
+    from deepinfer.neuron_ops.regions import SUB_REGIONS, RegionRunner
+    from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
+    from tests.support.model_helpers import Seqs, tiny_config, tiny_model
+    host = NeuronPlatform(host=True)
+    model = tiny_model(tiny_config("v41"), host)
+    spec = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None, verify_tokens=6, pow2_tokens=True)
+    regions = RegionRunner("aot_eager", split="multi_row")
+    s = Seqs(model, NeuronRegionStrategy, [[0, 5, 6]], platform=host, buckets=spec, regions=regions)
+    plan = s.strategy.plan
+    assert [(b["step"], b["tokens"]) for b in plan.buckets()] == [("decode", 2), ("verify", 16)]
+    assert s.runner.warm_up() == plan.graph_count == regions.num_kinds * (1 + len(SUB_REGIONS))
