@@ -1,6 +1,6 @@
 """Row chunks of the indexer and the attention (model_executor/layers/row_chunks.py): a prompt run
-in chunks of rows gives every row the same logits as one chunk of all rows, on both tiny checkpoints
-(the V4.1 run selects sparsely and uses the candidate-block filter)."""
+in chunks of rows gives every row the same logits, bit for bit, as one chunk of all rows, on both
+tiny checkpoints (the V4.1 run selects sparsely and uses the candidate-block filter)."""
 import pytest
 import torch
 
@@ -50,5 +50,5 @@ def test_prompt_rows_in_chunks_give_the_same_logits(request, kind, monkeypatch):
     monkeypatch.setattr(v4_attention, "row_chunks", spy)
     chunked = run_chunks(model, ids, [120])
     assert sizes and min(sizes) == 120 // 16 + 1
-    assert torch.equal(chunked.argmax(-1), whole.argmax(-1))
-    assert (chunked - whole).abs().max().item() < 1e-5
+    # every op is row-wise and each row's ops see the same shapes per row: the same bits
+    assert torch.equal(chunked, whole)
