@@ -92,15 +92,16 @@ ENV_VARS: list[EnvVar] = [
            "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists. Without a "
            "device, neuron is always host mode."),
     EnvVar("DEEPINFER_NEURON_ROW_BUCKETS", None, "int_list",
-           "Decode row buckets of the Neuron graphs, e.g. 1,2,4,8,16,32,64; the largest must be >= "
-           "max_num_seqs. Unset: 8 and the next power of two >= max_num_seqs."),
+           "Decode row buckets of the Neuron graphs, powers of two, e.g. 1,2,4,8,16,32,64; the largest "
+           "must be >= max_num_seqs. Unset: 8 and the next power of two >= max_num_seqs."),
     EnvVar("DEEPINFER_NEURON_CTX_BUCKETS", None, "int_list",
            "Context-length buckets of the Neuron graphs, e.g. 1024,4096,16384; the largest must be >= "
            "max_model_len. Unset: max_model_len alone."),
     EnvVar("DEEPINFER_NEURON_PREFILL_BUCKET", None, "int_list",
            "Prompt-chunk buckets (tokens) compiled for Neuron, e.g. 128,512, each at most "
            "max_num_batched_tokens; a prompt step runs in the smallest that holds it (one graph per "
-           "bucket x context bucket x layer kind). Unset: max_num_batched_tokens."),
+           "bucket x context bucket x layer kind); each is rounded up to a power of two. Unset: "
+           "max_num_batched_tokens."),
     EnvVar("DEEPINFER_NEURON_REGION_SPLIT", "multi_row", "choice",
            "How Neuron region graphs cut a decoder layer: multi_row runs steps where a sequence feeds "
            "several tokens (prompt chunks, verification) as three sub-regions (projections, indexer and "

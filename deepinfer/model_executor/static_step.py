@@ -66,18 +66,25 @@ class BucketSpec:
                                             # is one bucket; None: prompt steps run eagerly
     max_model_len: int | None = None
     verify_tokens: int = 1  # tokens of a speculative verification row (1 + drafts); 1 = no verify buckets
+    # Every bucket's token count a power of two (Neuron, docs/neuron.md §4 B3): prompt buckets are
+    # rounded up, verification buckets of R x (1 + B) tokens padded up with placeholder rows.
+    pow2_tokens: bool = False
 
     def __post_init__(self):
         if not self.batch or any(b < 1 for b in self.batch):
             raise ValueError(f"batch buckets: must be positive, got {self.batch}")
+        if self.pow2_tokens and any(b != next_pow2(b) for b in self.batch):
+            raise ValueError(f"DEEPINFER_NEURON_ROW_BUCKETS: row buckets must be powers of two (docs/neuron.md "
+                             f"§4 B3), got {self.batch}")
         if self.contexts is not None and (not self.contexts or any(c < 1 for c in self.contexts)):
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: must be positive integers, got {self.contexts}")
         if isinstance(self.prefill_tokens, int):
             object.__setattr__(self, "prefill_tokens", (self.prefill_tokens,))
         if self.prefill_tokens is not None:
-            object.__setattr__(self, "prefill_tokens", tuple(sorted(set(self.prefill_tokens))))
-            if not self.prefill_tokens or self.prefill_tokens[0] < 2:
+            if any(p < 2 for p in self.prefill_tokens) or not self.prefill_tokens:
                 raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: must be >= 2, got {self.prefill_tokens}")
+            round_up = next_pow2 if self.pow2_tokens else int
+            object.__setattr__(self, "prefill_tokens", tuple(sorted({round_up(p) for p in self.prefill_tokens})))
         if self.contexts is not None and self.max_model_len is not None and max(self.contexts) < self.max_model_len:
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.contexts)}) must be "
                              f">= max_model_len ({self.max_model_len})")
@@ -87,6 +94,11 @@ class BucketSpec:
         """Real rows plus one: bounds the entries a step closes beyond tokens // m (each real chunk
         closes at most one more; placeholder chunks start at position 0 and close exactly n // m)."""
         return max(self.batch) + 1
+
+    def verify_bucket_tokens(self, rows: int) -> int:
+        """Tokens of the verification bucket of `rows` rows: rows x (1 + B), or the next power of two."""
+        t = rows * self.verify_tokens
+        return next_pow2(t) if self.pow2_tokens else t
 
     def context_bucket(self, need: int) -> int | None:
         if self.contexts is not None:
@@ -113,7 +125,7 @@ class BucketSpec:
         q = self.verify_tokens
         for ctx in self.context_ladder():
             out += [Bucket(num_seqs=b, num_tokens=b, context=ctx) for b in self.batch]
-            out += [Bucket(num_seqs=b, num_tokens=b * q, context=ctx) for b in self.batch if q > 1]
+            out += [self._verify_bucket([], b, ctx) for b in self.batch if q > 1]
             out += [Bucket(num_seqs=-(-p // ctx), num_tokens=p, context=ctx) for p in self.prefill_tokens or ()]
         return out
 
@@ -137,18 +149,27 @@ class BucketSpec:
             return None if rows is None else Bucket(num_seqs=rows, num_tokens=rows, context=ctx)
         q = self.verify_tokens
         if q > 1 and all(c.num_new <= q for c in chunks):
-            # Verification rows: row buckets of q tokens each (docs/neuron.md §5.1). Rows with fewer
-            # tokens leave tokens over, which need at least one placeholder row to carry them.
-            need = n if tokens == n * q else n + 1
-            rows = next((b for b in self.batch if b >= need), None)
+            # Verification rows: a row bucket of q tokens a row (docs/neuron.md §5.1)
+            rows = next((b for b in self.batch if b >= n), None)
             if rows is not None:
-                return Bucket(num_seqs=rows, num_tokens=rows * q, context=ctx)
+                return self._verify_bucket(chunks, rows, ctx)
         p = next((b for b in self.prefill_tokens or () if b >= tokens), None)
         if p is None:
             return None
         # The placeholder tokens go to chunks of at most `ctx` tokens, each starting at position 0,
         # so their own positions never need a larger context bucket than the real rows.
         return Bucket(num_seqs=n - (-(p - tokens) // ctx), num_tokens=p, context=ctx)
+
+
+    def _verify_bucket(self, chunks: list[SeqChunk], rows: int, ctx: int) -> Bucket:
+        """The verification bucket of `rows` row slots holding `chunks`: the tokens short rows, empty
+        row slots and the power-of-two padding leave over go to placeholder chunks of at most `ctx`
+        tokens each (their positions never need a larger context bucket); with no chunks (warm-up)
+        every row slot is a placeholder."""
+        t = self.verify_bucket_tokens(rows)
+        extra = t - sum(c.num_new for c in chunks)
+        seqs = max(rows, -(-extra // ctx)) if not chunks else len(chunks) + (-(-extra // ctx))
+        return Bucket(num_seqs=seqs, num_tokens=t, context=ctx)
 
 
 def _pad_writes(src: torch.Tensor, dst: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,6 +65,34 @@ def test_default_v41_flash_serving_config_compiles_at_most_64_graphs(defaults):
     # speculative decoding adds a verification bucket per row bucket (8 x 6 and 64 x 6 tokens), split
     spec = _default_plan(cfg, num_speculative_tokens=5)
     assert spec.counts("step") == {"decode": 22, "prefill": 33, "verify": 66} and spec.graph_count == 121
+    # 8 x 6 and 64 x 6 verification tokens, padded to powers of two (§4 B3)
+    assert [b["tokens"] for b in spec.buckets() if b["step"] == "verify"] == [64, 512]
+
+
+def _plan_at(cfg, kinds, **engine):
+    ec = EngineConfig(model="unused", **engine)
+    ec.resolve(cfg)
+    p = NeuronPlatform(host=True)
+    p.validate_config(ec, cfg)
+    return compile_plan(p.bucket_spec(ec), kinds, p.region_split)
+
+
+@pytest.mark.parametrize("engine", [{}, {"max_num_seqs": 6, "max_num_batched_tokens": 1000}])
+def test_every_planned_step_has_a_power_of_two_token_count_at_nextn_1_to_5(defaults, engine):
+    """Verification steps of rows x (1 + nextn) tokens and prompt buckets pad to powers of two (§4 B3),
+    and the verification buckets stay one per row bucket: 66 graphs at every nextn."""
+    cfg = _v41_flash()
+    kinds = config_layer_kinds(cfg)
+    rows = (8,) if engine else (8, 64)
+    for nextn in range(1, 6):
+        plan = _plan_at(cfg, kinds, num_speculative_tokens=nextn, **engine)
+        tokens = [b["tokens"] for b in plan.buckets()]
+        assert all(t & (t - 1) == 0 for t in tokens), (nextn, tokens)
+        verify = [b["tokens"] for b in plan.buckets() if b["step"] == "verify"]
+        assert verify == [1 << (r * (1 + nextn) - 1).bit_length() for r in rows], (nextn, verify)
+        assert plan.counts("step")["verify"] == 33 * len(rows)
+    # 1000-token steps: one 1024-token prompt bucket
+    assert [b["tokens"] for b in plan.buckets() if b["step"] == "prefill"] == [1024 if engine else 2048]
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])

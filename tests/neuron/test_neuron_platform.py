@@ -53,8 +53,13 @@ def test_bucket_spec_comes_from_the_engine_config_and_bad_buckets_are_rejected(m
     p.validate_config(eng, None)
     spec = p.bucket_spec(eng)
     # default buckets (docs/neuron.md §5.10): rows min(8, R) and R = next_pow2(max_num_seqs), one context
-    assert spec.batch == (4,) and spec.prefill_tokens == (48,) and spec.max_model_len == 300
-    assert spec.contexts == (300,)
+    # (the prompt bucket, max_num_batched_tokens, rounded up to a power of two: §4 B3)
+    assert spec.batch == (4,) and spec.prefill_tokens == (64,) and spec.max_model_len == 300
+    assert spec.contexts == (300,) and spec.pow2_tokens
+    monkeypatch.setenv("DEEPINFER_NEURON_ROW_BUCKETS", "4,6")
+    with pytest.raises(ValueError, match="DEEPINFER_NEURON_ROW_BUCKETS.*powers of two"):
+        NeuronPlatform(host=True).bucket_spec(eng)
+    monkeypatch.delenv("DEEPINFER_NEURON_ROW_BUCKETS")
     monkeypatch.setenv("DEEPINFER_NEURON_CTX_BUCKETS", "128,256")
     with pytest.raises(ValueError, match="DEEPINFER_NEURON_CTX_BUCKETS.*max_model_len"):
         NeuronPlatform(host=True).validate_config(eng, None)

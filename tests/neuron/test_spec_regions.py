@@ -1,40 +1,28 @@
 """Speculative decoding in host-mode Neuron region graphs: verification rows run in their own row
 buckets (rows of 1 + B tokens, padded to a power of two with placeholder rows), and greedy tokens
 with (oracle) drafts equal the CPU platform's plain greedy tokens."""
-import torch
 
-from deepinfer import LLM, SamplingParams
+from deepinfer import SamplingParams
 from deepinfer.config import ModelConfig
-from deepinfer.engine.llm_engine import LLMEngine
-from deepinfer.engine_config import EngineConfig
 from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.platforms.neuron.platform import NeuronPlatform
-from deepinfer.worker.worker import Worker, build_model
 
-from tests.support.spec_runs import oracle_drafts, prompts_of_lengths, token_lists
+from tests.support.spec_runs import oracle_drafts, platform_llm, prompts_of_lengths, token_lists
 
 B = 3
-
-
-def _llm(d, cfg, platform, worker_kw=None, **kw):
-    model = build_model(cfg, str(d), torch.float32, progress=False, platform=platform)
-    ec = EngineConfig(model=str(d), dtype="float32", max_model_len=64, max_num_seqs=2,
-                      max_num_batched_tokens=32, **kw).resolve(cfg)
-    worker = Worker(cfg, ec, model=model, platform=platform, **(worker_kw or {}))
-    return LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
 
 
 def test_verification_rows_in_region_graphs_give_cpu_greedy_tokens(tiny_v41_dir, monkeypatch):
     cfg = ModelConfig.from_pretrained(tiny_v41_dir)
     prompts = prompts_of_lengths((9, 20), seed=7)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    want = token_lists(_llm(tiny_v41_dir, cfg, CpuPlatform()).generate(prompts, params, use_tqdm=False))
+    want = token_lists(platform_llm(tiny_v41_dir, cfg, CpuPlatform()).generate(prompts, params, use_tqdm=False))
     oracle_drafts(monkeypatch, prompts, want)
     # Decode rows of 2, verification rows of 2 x (1 + B); prompt steps eager, to keep compiling short
     # (the platform's own spec adds its prefill bucket: NeuronPlatform.bucket_spec).
     buckets = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None, verify_tokens=1 + B)
-    llm = _llm(tiny_v41_dir, cfg, NeuronPlatform(host=True), {"buckets": buckets}, num_speculative_tokens=B)
+    llm = platform_llm(tiny_v41_dir, cfg, NeuronPlatform(host=True), {"buckets": buckets}, num_speculative_tokens=B)
     got = token_lists(llm.generate(prompts, params, use_tqdm=False))
     assert got == want
     strategy = llm.llm_engine.worker.runner.strategy
@@ -55,7 +43,10 @@ def test_verification_rows_pick_power_of_two_row_buckets():
                 for i, n in enumerate(sizes)]
     assert spec.select(rows(1, 1)) == Bucket(2, 2, 64)           # plain decode rows
     assert spec.select(rows(4, 4, 4)) == Bucket(4, 16, 64)       # three verification rows -> 4
-    assert spec.select(rows(4, 2)) == Bucket(4, 16, 64)          # a short row: a placeholder carries the rest
+    # a short row: a placeholder chunk beyond the two row slots carries the rest (graphs depend on
+    # the tokens alone, so two rows run in the 2-row bucket rather than the 4-row one)
+    assert spec.select(rows(4, 2)) == Bucket(3, 8, 64)
+    assert spec.select(rows(4, 4)) == Bucket(2, 8, 64)           # full rows: no placeholder
     assert spec.select(rows(4, 4, 4, 4, 1)).num_tokens == 32     # more rows than any bucket: the prompt bucket
     assert spec.select(rows(9)).num_tokens == 32                 # longer than a verification row
     padded = spec.static_step(rows(4, 2), Bucket(4, 16, 64), _layout())

@@ -9,7 +9,7 @@ from deepinfer import LLM
 from deepinfer.engine.llm_engine import LLMEngine
 from deepinfer.engine_config import EngineConfig
 from deepinfer.spec import proposer
-from deepinfer.worker.worker import Worker
+from deepinfer.worker.worker import Worker, build_model
 
 
 def spec_llm(v41, **kw):
@@ -17,6 +17,16 @@ def spec_llm(v41, **kw):
     d, cfg, model = v41
     ec = EngineConfig(model=str(d), dtype="float32", **kw).resolve(cfg)
     return LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=Worker(cfg, ec, model=model)))
+
+
+def platform_llm(d, cfg, platform, worker_kw=None, **kw):
+    """An fp32 LLM of 2 sequences, 64 tokens, 32-token steps over checkpoint d built for `platform`
+    (worker_kw: e.g. the Neuron strategy's buckets)."""
+    model = build_model(cfg, str(d), torch.float32, progress=False, platform=platform)
+    ec = EngineConfig(model=str(d), dtype="float32", max_model_len=64, max_num_seqs=2,
+                      max_num_batched_tokens=32, **kw).resolve(cfg)
+    worker = Worker(cfg, ec, model=model, platform=platform, **(worker_kw or {}))
+    return LLM.from_engine(LLMEngine(ec, model_config=cfg, worker=worker))
 
 
 def prompts_of_lengths(lens, seed=0):

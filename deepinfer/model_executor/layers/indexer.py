@@ -45,8 +45,11 @@ def candidate_blocks(scores: torch.Tensor, n_vis: torch.Tensor, block: int, topk
 
 
 def candidate_entry_mask(cand: torch.Tensor, num_entries: int, block: int) -> torch.Tensor:
-    """[T, num_entries] True for entries inside a selected candidate block."""
+    """[T, num_entries] True for entries inside a selected candidate block. Built as a [T, blocks]
+    hit table and read per entry: [T, num_entries, k] comparisons would be 2 GiB at V4.1-Flash shapes."""
     t = cand.shape[0]
-    blk_of = torch.arange(num_entries, device=cand.device) // block
-    return (blk_of[None, :, None] == cand[:, None, :]).any(dim=-1) if num_entries else \
-        torch.zeros(t, 0, dtype=torch.bool, device=cand.device)
+    nblk = -(-num_entries // block)
+    # one column past the blocks takes the unused (-1) slots
+    ids = torch.where((cand >= 0) & (cand < nblk), cand, torch.full_like(cand, nblk))
+    hit = torch.zeros(t, nblk + 1, dtype=torch.bool, device=cand.device).scatter(1, ids, torch.ones_like(ids, dtype=torch.bool))
+    return hit[:, torch.arange(num_entries, device=cand.device) // block]

@@ -12,6 +12,7 @@ from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.compressor import gather_overlap_slots
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
 from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
+from deepinfer.model_executor.layers.row_chunks import row_chunks
 from deepinfer.model_executor.models.v4_common import LayerIO, Norm, StepContext, f32_param, linear
 
 
@@ -176,20 +177,40 @@ class Attention(nn.Module):
         cos, sin = ctx.rope("compress")
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
         w = (h @ self.indexer.weights_proj.weight.t()).float()
-        keys = io.fmt.index.decode(io.index_keys[meta.vis_idx], torch.float32)
-        if cfg.is_v41:
-            scores = ctx.k.index_scores(q, keys, w, meta.vis_valid)
-            if self.candidate_consumer and io.candidates is not None:
-                mask = candidate_entry_mask(io.candidates, scores.shape[1], cfg.candidate_block_size)
-                scores = scores.masked_fill(~mask, float("-inf"))
-            if self.candidate_source:
-                io.candidates_out = candidate_blocks(scores, meta.n_vis, cfg.candidate_block_size,
-                                                     cfg.candidate_topk_blocks)
-        else:
-            scores = ctx.k.index_scores(q, keys, w * n_i ** -0.5, meta.vis_valid, key_scale=d_i ** -0.5)
-        sel = stable_topk(scores, cfg.index_topk)
+        # a row's intermediates: its decoded keys [E, dI] and head scores [nI, E] in fp32, the sort's
+        # values and int64 indices [E] (row_chunks.py: rows in chunks, every row's result unchanged)
+        per_row = meta.vis_idx.shape[1] * (d_i + n_i + 3) * 4
+        parts = [self._index_rows(q[a:b], w[a:b], meta, io, slice(a, b), ctx) for a, b in row_chunks(t, per_row)]
+        sel = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
+        if self.candidate_source:
+            io.candidates_out = parts[0][1] if len(parts) == 1 else torch.cat([p[1] for p in parts])
         io.topk_out = sel
         return sel
+
+    def _index_rows(self, q, w, meta, io: LayerIO, rows: slice, ctx: StepContext):
+        """The indexer over some rows: (selected entry columns [rows, k], candidate blocks or None)."""
+        cfg = self.cfg
+        n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
+        vis_valid = meta.vis_valid[rows]
+        keys = io.fmt.index.decode(io.index_keys[meta.vis_idx[rows]], torch.float32)
+        cand = None
+        if cfg.is_v41:
+            scores = ctx.k.index_scores(q, keys, w, vis_valid)
+            if self.candidate_consumer and io.candidates is not None:
+                mask = candidate_entry_mask(io.candidates[rows], scores.shape[1], cfg.candidate_block_size)
+                scores = scores.masked_fill(~mask, float("-inf"))
+            if self.candidate_source:
+                cand = candidate_blocks(scores, meta.n_vis[rows], cfg.candidate_block_size, cfg.candidate_topk_blocks)
+        else:
+            scores = ctx.k.index_scores(q, keys, w * n_i ** -0.5, vis_valid, key_scale=d_i ** -0.5)
+        return stable_topk(scores, cfg.index_topk), cand
+
+    def _attend_rows(self, q, full, swa_idx, rows, valid, io: LayerIO, ctx: StepContext) -> torch.Tensor:
+        """Sink attention of some rows over their window records and selected entries."""
+        keys = io.fmt.swa.decode(full[swa_idx], q.dtype)
+        if rows is not None:
+            keys = torch.cat([keys, io.fmt.entries.decode(io.entries[rows], q.dtype)], dim=1)
+        return ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, self.cfg.head_dim ** -0.5)
 
     def forward(self, h: torch.Tensor, ctx: StepContext, io: LayerIO) -> torch.Tensor:
         return self.attend(h, *self.project(h, ctx, io), ctx, io)
@@ -225,19 +246,20 @@ class Attention(nn.Module):
         ring = io.swa
         # this step's rows go through the record format too, so they read back as later steps see them
         full = torch.cat([ring, io.fmt.swa.encode(kv)])
-        keys = io.fmt.swa.decode(full[step.swa_idx], q.dtype)
         if io.swa_snap is not None and step.prefix is not None:
             prefix_state.snapshot(io.swa_snap, step.prefix.swa, ring, kv, full)
         valid = step.swa_valid
+        rows = None
         if self.ratio > 0:
             meta = step.comp[self.src_comp_key]
             sel = self._select(h, cq, ctx, meta, io)
-            sel_ok = sel >= 0
             rows = meta.vis_idx.gather(1, sel.clamp(min=0)) if sel.numel() else sel.clamp(min=0)
-            comp_keys = io.fmt.entries.decode(io.entries[rows], q.dtype)
-            keys = torch.cat([keys, comp_keys], dim=1)
-            valid = torch.cat([valid, sel_ok], dim=1)
-        o = ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, d ** -0.5)
+            valid = torch.cat([valid, sel >= 0], dim=1)
+        # a row's gathered records [K, d], read in fp32 by the attention (row_chunks.py)
+        per_row = valid.shape[1] * d * 6
+        parts = [self._attend_rows(q[a:b], full, step.swa_idx[a:b], None if rows is None else rows[a:b],
+                                   valid[a:b], io, ctx) for a, b in row_chunks(t, per_row)]
+        o = parts[0] if len(parts) == 1 else torch.cat(parts)
         if step.swa_write_dst.numel():
             ring[step.swa_write_dst] = io.fmt.swa.encode(kv[step.swa_write_src])
         o = ctx.k.rope(o, cos[:, None], sin[:, None], inverse=True)

@@ -71,8 +71,10 @@ class CompilePlan:
 def step_class(bucket: Bucket, spec: BucketSpec) -> str:
     if bucket.num_tokens == bucket.num_seqs:
         return "decode"
-    q = spec.verify_tokens
-    if q > 1 and bucket.num_tokens == bucket.num_seqs * q and bucket.num_seqs in spec.batch:
+    verify = {spec.verify_bucket_tokens(rows) for rows in spec.batch} if spec.verify_tokens > 1 else set()
+    # a token count that is both a verification and a prompt bucket is one set of graphs: the first
+    # bucket all_buckets walks names it
+    if bucket.num_tokens in verify and bucket.num_tokens not in (spec.prefill_tokens or ()):
         return "verify"
     return "prefill"
 

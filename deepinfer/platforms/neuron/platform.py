@@ -110,13 +110,15 @@ class NeuronPlatform(Platform):
     def bucket_spec(self, engine_config) -> BucketSpec:
         """Row buckets (DEEPINFER_NEURON_ROW_BUCKETS, else 8 and next_pow2(max_num_seqs)), context
         buckets (DEEPINFER_NEURON_CTX_BUCKETS, else max_model_len) and prompt-chunk buckets
-        (DEEPINFER_NEURON_PREFILL_BUCKET, else max_num_batched_tokens): docs/neuron.md §5.10."""
+        (DEEPINFER_NEURON_PREFILL_BUCKET, else max_num_batched_tokens, rounded up to a power of two), and
+        verification buckets padded to powers of two (pow2_tokens, docs/neuron.md §4 B3): §5.10."""
         prefill = tuple(self.prefill_bucket) if self.prefill_bucket else (int(engine_config.max_num_batched_tokens),)
         rows = tuple(self.row_buckets) if self.row_buckets else default_row_buckets(int(engine_config.max_num_seqs))
         contexts = tuple(self.ctx_buckets) if self.ctx_buckets else default_context_buckets(engine_config.max_model_len)
         return BucketSpec(batch=rows, contexts=contexts, prefill_tokens=prefill,
                           max_model_len=engine_config.max_model_len,
-                          verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0))
+                          verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0),
+                          pow2_tokens=True)
 
     # -- config and kernels -----------------------------------------------------------------------
     def validate_config(self, engine_config, model_config) -> None:

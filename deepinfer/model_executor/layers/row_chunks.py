@@ -1,0 +1,23 @@
+"""Row chunks that bound the per-row intermediates of a many-row step (docs/neuron.md §4 B7).
+
+A prompt chunk's indexer and attention make tensors of [rows, visible entries or gathered keys,
+width] per step: at V4.1-Flash shapes (a 2048-token chunk, 16K context) one such tensor is 16 GiB.
+Every op involved is row-wise (each row's scores, top-k, softmax and gathered records depend only
+on that row), so running the rows in chunks gives every row the same result and bounds each
+intermediate by the chunk's. Chunk sizes depend only on shapes, so a traced graph stays static.
+"""
+
+# Largest intermediate one chunk may make: half the 256 MiB a graph's largest intermediate may
+# reach (tests/unit/test_intermediates.py), leaving room for the chunk's neighbours.
+CHUNK_BYTES = 128 << 20
+
+
+def row_chunks(rows: int, bytes_per_row: int, budget: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) ranges covering `rows`, each a power of two of rows (the last one shorter) whose
+    intermediates of `bytes_per_row` a row stay within `budget` (default CHUNK_BYTES); one range
+    when all rows fit."""
+    per = max(1, (budget or CHUNK_BYTES) // max(1, bytes_per_row))
+    n = 1 << (per.bit_length() - 1)
+    if n >= rows:
+        return [(0, rows)]
+    return [(s, min(rows, s + n)) for s in range(0, rows, n)]
