@@ -3,7 +3,7 @@ verification with oracle drafts.
 
     python examples/bench/bench_offline.py --model DIR [--batches 1,8,32] [--dtypes float32,bfloat16]
         [--weight-formats dense,packed] [--input-len 32] [--output-len 32] [--repeats 3]
-        [--nextn 3 --oracle-drafts] [--threads N] [--no-baseline] --out results/bench_offline.json
+        [--nextn 3 --oracle-drafts] [--runners eager,cpu_compiled] [--threads N] [--no-baseline] --out results/bench_offline.json
 
 Each (dtype, weight format, batch) cell runs `--repeats` rounds; a round runs, back to back, the
 engine's generate (ignore_eos, fixed lengths, greedy), the step's matmuls replayed alone, the oracle
@@ -24,7 +24,10 @@ Per record:
   always accepted, no draft forward), so `verify_step_ms` is a step verifying N drafts a row and
   `verify_step_over_plain` its ratio to `step_ms`; `oracle_tokens_per_s_over_plain` compares end-to-end
   tokens/s and `oracle_tokens_equal_plain` checks the tokens (greedy: they must be equal);
-- `speedup` / `decode_speedup`: engine / transformers tokens/s, end to end and decode.
+- `speedup` / `decode_speedup`: engine / transformers tokens/s, end to end and decode;
+- `runner`: the engine's runner strategy (`--runners eager,cpu_compiled` builds one engine each);
+  `compile_s`: seconds its compiled regions took to build so far (paid once, at the cell's warm-up),
+  `engine_build_s` the engine's construction.
 Prints a table and writes JSON.
 """
 import argparse
@@ -63,8 +66,9 @@ def _trimmed_mean(xs: list[float]) -> float:
 
 
 def warm_up(llm: LLM, batch: int, input_len: int) -> None:
+    """A short generate of the cell's own batch: a compiled runner builds the cell's bucket here."""
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": p} for p in _prompts(min(batch, 2), input_len)], params, use_tqdm=False)
+    llm.generate([{"prompt_token_ids": p} for p in _prompts(batch, input_len)], params, use_tqdm=False)
 
 
 def run_engine(llm: LLM, batch: int, input_len: int, output_len: int, rows_per_seq: int = 1) -> dict:
@@ -191,7 +195,7 @@ def summarize(rounds: list[dict], batch: int, num_matmuls: int) -> dict:
 
 
 def _line(rec: dict) -> str:
-    s = (f"{rec['dtype']:9s} {rec['weight_format']:6s} batch {rec['batch']:3d}: {rec['tokens_per_s']:8.1f} tok/s"
+    s = (f"{rec['dtype']:9s} {rec['weight_format']:6s} {rec['runner']:12s} batch {rec['batch']:3d}: {rec['tokens_per_s']:8.1f} tok/s"
          f" (±{50 * rec['tokens_per_s_spread']:.0f}%)")
     if "speedup" in rec:
         s += f" | transformers {rec['transformers']['tokens_per_s']:8.1f} | x{rec['speedup']:.2f} e2e" \
@@ -220,6 +224,9 @@ def parse_args(argv=None):
     ap.add_argument("--weight-formats", default="auto",
                     help="comma-separated: packed (checkpoint formats, dequantized in the GEMMs), dense, auto "
                          "(the platform's default)")
+    ap.add_argument("--runners", default="platform",
+                    help="comma-separated cpu runners, each an engine of its own: eager, cpu_compiled "
+                         "(DEEPINFER_CPU_COMPILE), platform (the environment's choice)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--out", default="results/bench_offline.json")
     args = ap.parse_args(argv)
@@ -243,7 +250,11 @@ def main(argv=None) -> int:
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         hf_model = load_transformers(args.model, dtype) if baseline else None
-        for weight_format in args.weight_formats.split(","):
+        for weight_format, runner in [(w, r) for w in args.weight_formats.split(",") for r in args.runners.split(",")]:
+            if runner not in ("platform", "eager", "cpu_compiled"):
+                raise SystemExit(f"--runners: expected platform, eager or cpu_compiled, got {runner!r}")
+            if runner != "platform":   # read when the worker picks its runner (platforms/cpu.py)
+                os.environ["DEEPINFER_CPU_COMPILE"] = "1" if runner == "cpu_compiled" else "0"
             kw = dict(model=args.model, dtype=dtype_name, max_model_len=args.input_len + args.output_len + 8,
                       max_num_seqs=max(batches), weight_format=weight_format)
             tokens = max(2048, max(batches) * args.input_len)
@@ -261,6 +272,7 @@ def main(argv=None) -> int:
                        "output_len": args.output_len, "repeats": args.repeats, "nextn": args.nextn,
                        "runner": strategy.name, "engine_build_s": build_s}
                 rec.update(measure_cell(llm, oracle_llm, hf_model, b, args))
+                rec["compile_s"] = getattr(strategy, "compile_s", 0.0)   # compiled regions: paid once
                 records.append(rec)
                 print(_line(rec), flush=True)
             del llm, oracle_llm
