@@ -88,6 +88,15 @@ ENV_VARS: list[EnvVar] = [
     EnvVar("DEEPINFER_ACCELERATOR", None, "choice",
            "Platform to run on; wins over detection. Unset: /dev/neuron* -> neuron, CUDA -> cuda, else cpu.",
            ("cpu", "cuda", "neuron")),
+    EnvVar("DEEPINFER_CPU_COMPILE", False, "bool",
+           "cpu platform: run decode and verification steps through compiled decoder-layer regions "
+           "(static row buckets, worker/runners/cpu_compiled.py); 0 runs every step eagerly, as "
+           "enforce_eager does. Read when the worker picks its runner."),
+    EnvVar("DEEPINFER_CPU_COMPILE_BACKEND", "inductor", "choice",
+           "torch.compile backend of the cpu platform's compiled regions (DEEPINFER_CPU_COMPILE=1): inductor "
+           "generates fused CPU code; aot_eager traces the same graphs without code generation (fast to "
+           "compile, eager speed).",
+           ("inductor", "aot_eager")),
     EnvVar("DEEPINFER_NEURON_HOST", False, "bool",
            "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists. Without a "
            "device, neuron is always host mode."),

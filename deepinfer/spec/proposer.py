@@ -43,19 +43,7 @@ class DraftProposer:
     def propose(self, scheduled, results: dict[int, RowResult]) -> None:
         """Set results[i].proposal for every sampling row i of `scheduled` that can use drafts;
         results[i].tokens are the tokens row i emitted this step."""
-        rows = []
-        for i, s in enumerate(scheduled):
-            if not s.do_sample:
-                continue
-            seq, emitted = s.seq, len(results[i].tokens)
-            new_len = len(seq) + emitted  # length once the scheduler has appended the tokens
-            p = seq.sampling_params
-            room = self.max_model_len - new_len
-            if p.max_tokens is not None:
-                room = min(room, p.max_tokens - (seq.num_output_tokens + emitted) - 1)
-            n = min(self.num_drafts, room)
-            if n >= 1:
-                rows.append((i, n, new_len))
+        rows = self.draft_rows(scheduled, results)
         if not rows:
             return
         b = self.num_drafts
@@ -102,6 +90,25 @@ class DraftProposer:
                 lp = q[sampled_rows.index(c), :n]
             results[i].proposal = DraftProposal([toks[k][c] for k in range(n)], lp,
                                                 [float(confs[k][c]) for k in range(n)])
+
+
+    def draft_rows(self, scheduled, results: dict[int, RowResult]) -> list[tuple[int, int, int]]:
+        """(scheduled index, drafts, length once this step's tokens are appended) of every sampling row
+        that can use drafts: at most what its next step could emit within max_tokens and max_model_len."""
+        rows = []
+        for i, s in enumerate(scheduled):
+            if not s.do_sample:
+                continue
+            seq, emitted = s.seq, len(results[i].tokens)
+            new_len = len(seq) + emitted  # length once the scheduler has appended the tokens
+            p = seq.sampling_params
+            room = self.max_model_len - new_len
+            if p.max_tokens is not None:
+                room = min(room, p.max_tokens - (seq.num_output_tokens + emitted) - 1)
+            n = min(self.num_drafts, room)
+            if n >= 1:
+                rows.append((i, n, new_len))
+        return rows
 
 
 def depth_bans(seq, eos_ids, ahead: int) -> tuple[int, ...]:

@@ -23,6 +23,9 @@ SLOW = {
     "engine/test_row_chunks.py::test_prompt_rows_in_chunks_give_the_same_logits[v4]": 10,   # v41 stays fast
     "engine/test_v41_model.py::test_compact_records_prefill_equals_decode_and_track_plain": 10,
     "engine/test_distill_drafts.py": 22,
+    # the compiled cpu step: Dynamo traces every layer kind's region (aot_eager), measured at load ~10
+    "engine/test_cpu_compiled.py::test_compiled_steps_give_the_eager_greedy_tokens": 1037,
+    "engine/test_cpu_compiled.py::test_compiled_verification_gives_the_plain_tokens": 130,
     "engine/test_engine_sampling.py::test_preemption_keeps_the_matcher_state": 14,
     "engine/test_request_fuzz.py": 13,
     "engine/test_prompt_logprobs.py::test_prompt_logprobs_survive_preemption_without_duplicates": 6,

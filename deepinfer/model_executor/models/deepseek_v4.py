@@ -15,6 +15,7 @@ from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.model_executor.checkpoint_formats import FP8, stored_as
 from deepinfer.model_executor.forward_meta import StepInputs
 from deepinfer.model_executor.layers import engram_host
+from deepinfer.model_executor.layers.head_gemm import head_logits
 from deepinfer.model_executor.layers.kernel_table import KernelTable
 from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
@@ -294,9 +295,8 @@ class DeepseekV4Model(nn.Module):
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits of this rank's head rows: [N, V], or [N, V / cp] of vocab_shard's tokens."""
-        # fp32 heads live in [D, V] memory order (post_load), so this is a contiguous sgemm; bf16 is
-        # fastest as a plain row-major x @ W^T on these CPUs.
-        return (h @ self.head.weight.t()).float()
+        # the orientation is chosen by measurement in layers/head_gemm.py
+        return head_logits(h, self.head.weight)
 
     def map_fp8_codes(self, convert) -> None:
         """Replace every packed e4m3 weight's (codes, exponents) by convert(codes, exponents): a platform's

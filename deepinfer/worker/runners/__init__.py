@@ -1,6 +1,7 @@
 """Runner strategies by name: the platform says which one it runs (`Platform.runner_strategy`), the
 worker builds it. Kept here, not in platforms/, so the platform never imports worker code."""
 from deepinfer.worker.runners.base import RunnerStrategy
+from deepinfer.worker.runners.cpu_compiled import CpuCompiledStrategy
 from deepinfer.worker.runners.cuda_graphs import CudaGraphStrategy
 from deepinfer.worker.runners.eager import EagerStrategy
 from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
@@ -9,6 +10,7 @@ STRATEGIES: dict[str, type[RunnerStrategy]] = {
     EagerStrategy.name: EagerStrategy,
     CudaGraphStrategy.name: CudaGraphStrategy,
     NeuronRegionStrategy.name: NeuronRegionStrategy,
+    CpuCompiledStrategy.name: CpuCompiledStrategy,
 }
 
 
@@ -18,5 +20,5 @@ def strategy_class(name: str) -> type[RunnerStrategy]:
     return STRATEGIES[name]
 
 
-__all__ = ["STRATEGIES", "CudaGraphStrategy", "EagerStrategy", "NeuronRegionStrategy", "RunnerStrategy",
+__all__ = ["STRATEGIES", "CpuCompiledStrategy", "CudaGraphStrategy", "EagerStrategy", "NeuronRegionStrategy", "RunnerStrategy",
            "strategy_class"]

@@ -1,0 +1,89 @@
+"""The cpu platform's compiled decode step (DEEPINFER_CPU_COMPILE=1, worker/runners/cpu_compiled.py):
+the same greedy tokens as the eager CPU path on both tiny checkpoints with prompts chunked (prompt
+chunks eager, decode steps compiled: prefill == decode == chunked through the compiled path), the
+same through verification with oracle drafts, and V4's tokens equal transformers' through inductor.
+
+The fast cases compile with aot_eager (the same Dynamo graphs, buckets and padding as inductor, no
+code generation); inductor's compile takes minutes on the 2-core machine, so its case is slow."""
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.platforms.cpu import CpuPlatform
+from deepinfer.spec.oracle_drafts import oracle_drafts
+from tests.support.spec_runs import prompts_of_lengths, token_lists
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def _llm(ckpt, **kw):
+    kw.setdefault("max_num_batched_tokens", 8)   # 11- and 5-token prompts: chunked, mixed with decode rows
+    return LLM(model=str(ckpt), dtype="float32", max_model_len=48, max_num_seqs=2, **kw)
+
+
+def _compiled(monkeypatch, backend="aot_eager"):
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE", "1")
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE_BACKEND", backend)
+
+
+def test_cpu_platform_runner_follows_the_env(monkeypatch):
+    from deepinfer.engine_config import EngineConfig
+    p = CpuPlatform()
+    monkeypatch.delenv("DEEPINFER_CPU_COMPILE", raising=False)
+    assert p.runner_strategy == "eager"
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE", "1")
+    assert p.runner_strategy == "cpu_compiled"
+    spec = p.bucket_spec(EngineConfig(model="m", max_num_seqs=5, max_model_len=96, num_speculative_tokens=3))
+    assert spec.batch == (1, 2, 4, 8) and spec.contexts == (96,) and spec.prefill_tokens is None
+    assert spec.verify_tokens == 4
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, monkeypatch, cpu_platform):
+    ckpt = request.getfixturevalue("tiny_v4_dir" if kind == "v4" else "tiny_v41_dir")
+    prompts = prompts_of_lengths([11, 5], seed=4)
+    eager = token_lists(_llm(ckpt, enforce_eager=True).generate(prompts, GREEDY, use_tqdm=False))
+    _compiled(monkeypatch)
+    llm = _llm(ckpt)
+    strategy = llm.llm_engine.worker.runner.strategy
+    assert strategy.name == "cpu_compiled"
+    assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
+    # decode steps ran in row buckets through compiled regions, prompt steps eagerly
+    assert strategy.num_graphs > 0 and strategy.eager_steps > 0
+    assert {t for t, _ in strategy.buckets_seen} <= {1, 2} and strategy.buckets_seen
+    assert strategy.compile_s > 0
+
+
+def test_compiled_verification_gives_the_plain_tokens(tiny_v41_dir, monkeypatch, cpu_platform):
+    """Verification rows (1 + 2 tokens a sequence) run in their own buckets; every oracle draft is
+    accepted, so the tokens are the plain eager run's."""
+    prompts = prompts_of_lengths([11, 5], seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
+    plain = token_lists(_llm(tiny_v41_dir, enforce_eager=True).generate(prompts, params, use_tqdm=False))
+    _compiled(monkeypatch)
+    llm = _llm(tiny_v41_dir, num_speculative_tokens=2, max_num_batched_tokens=16)
+    strategy = llm.llm_engine.worker.runner.strategy
+    with oracle_drafts(llm, {tuple(p["prompt_token_ids"]): t for p, t in zip(prompts, plain)}):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    assert token_lists(outs) == plain
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    assert sum(o.metrics.num_accepted_tokens for o in outs) == drafted > 0
+    assert any(t in (3, 6) for t, _ in strategy.buckets_seen), strategy.buckets_seen   # verify buckets ran
+
+
+@pytest.mark.slow
+def test_inductor_decode_steps_give_transformers_greedy_tokens(tiny_v4_dense_dir, monkeypatch, cpu_platform):
+    """Golden through the compiled path: inductor-generated decode steps, greedy, vs transformers' generate."""
+    from transformers import AutoModelForCausalLM
+    tf = AutoModelForCausalLM.from_pretrained(str(tiny_v4_dense_dir), dtype=torch.float32).eval()
+    prompts = prompts_of_lengths([24, 30], seed=6)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    _compiled(monkeypatch, "inductor")
+    llm = _llm(tiny_v4_dense_dir, max_num_batched_tokens=64)
+    got = token_lists(llm.generate(prompts, params, use_tqdm=False))
+    for p, toks in zip(prompts, got):
+        ids = torch.tensor([p["prompt_token_ids"]])
+        with torch.no_grad():
+            ref = tf.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:].tolist()
+        assert toks == ref
+    assert llm.llm_engine.worker.runner.strategy.num_graphs > 0
