@@ -4,7 +4,9 @@ Each reference is registered as a `torch.library` custom op (namespace `deepinfe
 fake (shape-only) implementation, so a host-mode region graph holds one node per kernel, as a device
 graph holds one NKI call for a name with an NKI kernel, and tracing never runs the reference's math on
 fake tensors (tests/neuron/test_neuron_kernels.py checks every fake against the reference with
-opcheck). Device mode traces the plain functions of `PLAIN` instead. The math is not
+opcheck). The fakes of the packed-weight kernels take their codes and scales as uint8 only and
+reject a float8 carrier: fp8 / fp4 bytes cross a graph as uint8 and get their meaning inside the
+kernel (docs/neuron.md §4 A9, A11). Device mode traces the plain functions of `PLAIN` instead. The math is not
 copied: the model's layer functions are the references; the routed MoE is the fixed-shape dense form
 (layers/moe.py `dense_local_experts`, and `fp4_static_experts` on packed experts), the one a Neuron
 graph can hold.
@@ -29,6 +31,17 @@ def _f32(x: Tensor, *shape) -> Tensor:
     return x.new_empty(shape, dtype=torch.float32)
 
 
+def _bytes_at(fake, *positions: int):
+    """`fake`, first checking that its arguments at `positions` (codes, scales) are uint8."""
+    def checked(*args, **kwargs):
+        for i in positions:
+            if args[i].dtype != torch.uint8:
+                raise ValueError(f"argument {i}: expected uint8 code / scale bytes, got {args[i].dtype} "
+                                 "(fp8 / fp4 bytes enter a graph as uint8; docs/neuron.md §4 A11)")
+        return fake(*args, **kwargs)
+    return checked
+
+
 # Output shapes and dtypes of each reference (the `*_` arguments are not needed for the shape).
 FAKES = {
     "rms_norm": lambda x, weight, eps: torch.empty_like(x),
@@ -45,14 +58,16 @@ FAKES = {
     "expert_mlp": lambda x, w1, w3, w2, limit: x.new_empty(x.shape[0], w2.shape[0]),
     "engram_gate": lambda x, kv, q_weight, k_weight, eps: torch.empty_like(x),
     "swiglu": lambda gate, up, limit: torch.empty_like(gate),
-    "blockquant_fp8_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(x.shape[0],
-                                                                                         w_codes.shape[0]),
-    "blockquant_fp8_grouped_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
-        x.shape[0], x.shape[1], w_codes.shape[0] // x.shape[1]),
-    "blockquant_fp4_gemm": lambda x, w_packed, w_scale, group: x.new_empty(x.shape[0], w_packed.shape[0]),
-    "fp4_static_experts": lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit: torch.empty_like(x),
-    "fp8_table_rows": lambda codes, scale, rows, group, dtype: codes.new_empty(
-        rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype),
+    "blockquant_fp8_gemm": _bytes_at(lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
+        x.shape[0], w_codes.shape[0]), 1, 2),
+    "blockquant_fp8_grouped_gemm": _bytes_at(lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
+        x.shape[0], x.shape[1], w_codes.shape[0] // x.shape[1]), 1, 2),
+    "blockquant_fp4_gemm": _bytes_at(lambda x, w_packed, w_scale, group: x.new_empty(
+        x.shape[0], w_packed.shape[0]), 1, 2),
+    "fp4_static_experts": _bytes_at(lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit:
+                                    torch.empty_like(x), 3, 4, 5, 6),
+    "fp8_table_rows": _bytes_at(lambda codes, scale, rows, group, dtype: codes.new_empty(
+        rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype), 0, 1),
 }
 
 
