@@ -9,7 +9,8 @@ Writes encode, reads decode only the gathered rows, so attention always sees deq
 Every e4m3 byte written (SWA values, main-KV scales) is at most the platform's `fp8_max` in
 magnitude: 448 for OCP e4m3fn, 224 on Neuron, whose device reads the bytes as IEEE e4m3 (max 240).
 The byte codecs are custom ops (worker/kv_codecs.py): a compiled region sees uint8 records and
-values, never a float8 tensor (docs/neuron.md §4 A9)."""
+values, never a float8 tensor (docs/neuron.md §4 A9); on a device without a kernel for them the
+same math is traced with integer e4m3 arithmetic instead."""
 import torch
 
 from deepinfer.model_executor.layers import quant
@@ -52,9 +53,13 @@ class Fp8Ue8m0Format:
         return rec
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
+        if kv_codecs.traced_on(x):
+            return kv_codecs.fp8_encode(x, self.fp8_max, int_codes=True)
         return kv_codecs.fp8_record_encode(x, self.fp8_max)
 
     def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if kv_codecs.traced_on(rec):
+            return kv_codecs.fp8_decode(rec, self.width, dtype, int_codes=True)
         return kv_codecs.fp8_record_decode(rec, self.width, dtype)
 
 
@@ -76,9 +81,13 @@ class Fp4Format:
         return rec
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
+        if kv_codecs.traced_on(x):
+            return kv_codecs.fp4_encode(x, self.group, self.scale_fmt, self.fp8_max, int_codes=True)
         return kv_codecs.fp4_record_encode(x, self.group, self.scale_fmt, self.fp8_max)
 
     def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if kv_codecs.traced_on(rec):
+            return kv_codecs.fp4_decode(rec, self.width, self.group, self.scale_fmt, dtype, int_codes=True)
         return kv_codecs.fp4_record_decode(rec, self.width, self.group, self.scale_fmt, dtype)
 
 

@@ -7,6 +7,8 @@ reports a uint8 viewed as float8, whether in a hand-written graph or in a decode
 whose record decode is traced inline, and the tiny V4.1 / V4 runs on packed weights with compact
 KV records compile every region (decode and split prompt regions) with none, giving the CPU
 platform's greedy tokens."""
+import types
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -30,13 +32,17 @@ HOST = NeuronPlatform(host=True)
 
 
 def _dynamo_graphs(fn, *args):
+    """The graphs Dynamo captures running fn(*args). fn gets its own code object each call: Dynamo
+    caches per code object, and the test's lambdas would otherwise run out of recompiles."""
     graphs = []
 
     def backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    out = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(*args)
+    fresh = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    out = torch.compile(fresh, backend=backend, fullgraph=True, dynamic=False)(*args)
+    assert len(graphs) == 1
     return graphs, out
 
 
@@ -121,6 +127,52 @@ def test_codec_fakes_reject_a_float8_carrier():
             kv_codecs.fp8_record_decode(torch.empty(3, 66, dtype=torch.float8_e4m3fn), 64, torch.float32)
 
 
+FORMATS = [(kind, width, fp8_max) for kind, width in (("swa", 64), ("entries", 64), ("index", 32), ("swa", 512),
+                                                      ("entries", 512), ("index", 128)) for fp8_max in (ACT_FP8_MAX, 448.0)]
+
+
+@pytest.mark.parametrize("kind,width,fp8_max", FORMATS)
+def test_integer_record_codecs_equal_the_ops(kind, width, fp8_max):
+    """The traced forms a device runs (int_codes: e4m3 by integer arithmetic) write the ops' bytes and
+    read the ops' values bit for bit, random record bytes (NaN codes included) too, and their graph
+    holds no float8 value and no opaque op."""
+    fmt = record_format(kind, width, "compact", torch.float32, fp8_max)
+    fp8 = kind == "swa"
+    g = torch.Generator().manual_seed(width)
+    x = torch.cat([torch.randn(8, width, generator=g) * 10.0 ** e for e in range(-6, 6)])
+    x[0] = 0
+    enc = (lambda v, ints: kv_codecs.fp8_encode(v, fp8_max, ints)) if fp8 else \
+        (lambda v, ints: kv_codecs.fp4_encode(v, fmt.group, fmt.scale_fmt, fp8_max, ints))
+    dec = (lambda r, ints: kv_codecs.fp8_decode(r, width, torch.float32, ints)) if fp8 else \
+        (lambda r, ints: kv_codecs.fp4_decode(r, width, fmt.group, fmt.scale_fmt, torch.float32, ints))
+    rec = fmt.encode(x)
+    assert torch.equal(enc(x, True), rec)
+    rb = torch.randint(0, 256, (64, fmt.record_bytes()), dtype=torch.uint8, generator=g)
+    for r in (rec, rb):
+        assert torch.equal(dec(r, True).view(torch.int32), fmt.decode(r, torch.float32).view(torch.int32))
+    graphs, _ = _dynamo_graphs(lambda v: dec(enc(v, True), True), x)
+    assert graph_float8_sites(graphs[0]) == []
+    assert not any("deepinfer_kv" in str(n.target) for n in graphs[0].graph.nodes)
+
+
+def test_device_fp8_references_hold_no_float8():
+    """Device mode traces the plain references of the names it has no kernel for; the fp8 ones read
+    their codes by integer arithmetic: no float8 value in their graphs, and bit for bit the CPU
+    platform's references (which read a float8 view, and so are reported: the control)."""
+    from deepinfer.model_executor.layers import kernel_table
+    from deepinfer.neuron_ops import kernel_routing
+    from tests.support.neuron_cases import kernel_args
+    cases = kernel_args()
+    for name in ("blockquant_fp8_gemm", "blockquant_fp8_grouped_gemm", "fp8_table_rows"):
+        args, kw = cases[name]
+        device_fn, cpu_fn = kernel_routing.kernel(name, on_device=True), kernel_table.reference(name)
+        graphs, got = _dynamo_graphs(lambda *a: device_fn(*a, **kw), *args)
+        assert graph_float8_sites(graphs[0]) == [], name
+        assert torch.equal(got, cpu_fn(*args, **kw)), name
+        graphs, _ = _dynamo_graphs(lambda *a: cpu_fn(*a, **kw), *args)
+        assert any("float8_e4m3fn" in s for s in graph_float8_sites(graphs[0])), name
+
+
 def _compact_region_run(model, regions, steps=3):
     s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=BucketSpec(batch=(2,), contexts=(64,),
              prefill_tokens=None), regions=regions, kv_cache_mode="compact", fp8_max=ACT_FP8_MAX)
@@ -130,7 +182,7 @@ def _compact_region_run(model, regions, steps=3):
 def test_region_scan_catches_a_record_decode_traced_inline(monkeypatch):
     """The negative control at the region level: with the fp8 record decode swapped for its inline
     torch form, the decoder layer regions hold e4m3 views and the runner reports them, with the
-    same tokens; with the custom op they hold none."""
+    same tokens; with the custom ops, or with the integer forms traced in, they hold none."""
     model = tiny_model(tiny_config("v4", 2), HOST)
     clean = RegionRunner("aot_eager")
     tokens, s = _compact_region_run(model, clean)
@@ -141,10 +193,23 @@ def test_region_scan_catches_a_record_decode_traced_inline(monkeypatch):
         q = rec[..., :width].contiguous().view(torch.float8_e4m3fn).float()
         return (q * quant.ue8m0_to_float(rec[..., width:].contiguous()).repeat_interleave(32, -1)).to(dtype)
 
-    monkeypatch.setattr(kv_codecs, "fp8_record_decode", inline_decode)
-    dirty = RegionRunner("aot_eager")
-    assert _compact_region_run(model, dirty)[0] == tokens
+    with monkeypatch.context() as m:
+        m.setattr(kv_codecs, "fp8_record_decode", inline_decode)
+        dirty = RegionRunner("aot_eager")
+        assert _compact_region_run(model, dirty)[0] == tokens
     assert dirty.stats.float8_sites and all("float8_e4m3fn" in x for x in dirty.stats.float8_sites)
+
+    # the device's traced integer forms, run here by naming cpu a traced device: no opaque codec is
+    # called, no float8 value is in a graph, and the tokens are the same
+    def no_op(*args):
+        raise AssertionError("the opaque codec ran where the traced form should")
+
+    monkeypatch.setattr(kv_codecs, "TRACED_DEVICES", ("cpu",))
+    for name in ("fp8_record_encode", "fp8_record_decode", "fp4_record_encode", "fp4_record_decode"):
+        monkeypatch.setattr(kv_codecs, name, no_op)
+    traced = RegionRunner("aot_eager")
+    assert _compact_region_run(model, traced)[0] == tokens
+    assert traced.stats.total_graphs > 0 and traced.stats.float8_sites == []
 
 
 @pytest.mark.parametrize("kind", ["v41", "v4"])

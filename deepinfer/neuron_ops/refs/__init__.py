@@ -6,11 +6,15 @@ graph holds one NKI call for a name with an NKI kernel, and tracing never runs t
 fake tensors (tests/neuron/test_neuron_kernels.py checks every fake against the reference with
 opcheck). The fakes of the packed-weight kernels take their codes and scales as uint8 only and
 reject a float8 carrier: fp8 / fp4 bytes cross a graph as uint8 and get their meaning inside the
-kernel (docs/neuron.md §4 A9, A11). Device mode traces the plain functions of `PLAIN` instead. The math is not
+kernel (docs/neuron.md §4 A9, A11). Device mode traces the plain functions of `PLAIN` instead;
+the fp8 ones read e4m3 codes by integer arithmetic (`int_codes`, layers/quant_bits.py), so even
+traced they hold no float8 value, while the host-mode ops read them through a float8 view inside
+the op (`HOST_FORMS`: the same values bit for bit, faster on a CPU). The math is not
 copied: the model's layer functions are the references; the routed MoE is the fixed-shape dense form
 (layers/moe.py `dense_local_experts`, and `fp4_static_experts` on packed experts), the one a Neuron
 graph can hold.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -125,12 +129,12 @@ def _swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
 
 
 def _blockquant_fp8_gemm(x: Tensor, w_codes: Tensor, w_scale: Tensor, block_rows: int, block_cols: int) -> Tensor:
-    return quant_gemm.blockquant_fp8_gemm(x, w_codes, w_scale, block_rows, block_cols)
+    return quant_gemm.blockquant_fp8_gemm(x, w_codes, w_scale, block_rows, block_cols, int_codes=True)
 
 
 def _blockquant_fp8_grouped_gemm(x: Tensor, w_codes: Tensor, w_scale: Tensor, block_rows: int,
                                  block_cols: int) -> Tensor:
-    return quant_gemm.blockquant_fp8_grouped_gemm(x, w_codes, w_scale, block_rows, block_cols)
+    return quant_gemm.blockquant_fp8_grouped_gemm(x, w_codes, w_scale, block_rows, block_cols, int_codes=True)
 
 
 def _blockquant_fp4_gemm(x: Tensor, w_packed: Tensor, w_scale: Tensor, group: int) -> Tensor:
@@ -143,7 +147,7 @@ def _fp4_static_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w1
 
 
 def _fp8_table_rows(codes: Tensor, scale: Tensor, rows: Tensor, group: int, dtype: torch.dtype) -> Tensor:
-    return quant_gemm.fp8_table_rows(codes, scale, rows, group, dtype)
+    return quant_gemm.fp8_table_rows(codes, scale, rows, group, dtype, int_codes=True)
 
 
 # name -> plain reference (what device mode traces when no NKI kernel is written for a name)
@@ -168,6 +172,22 @@ PLAIN = {
     "fp8_table_rows": _fp8_table_rows,
 }
 
+# name -> what the host-mode custom op runs where it is not the PLAIN reference: the CPU reference
+# that reads e4m3 codes through a float8 view (inside the op, where the graph does not see it).
+HOST_FORMS = {
+    "blockquant_fp8_gemm": quant_gemm.blockquant_fp8_gemm,
+    "blockquant_fp8_grouped_gemm": quant_gemm.blockquant_fp8_grouped_gemm,
+    "fp8_table_rows": quant_gemm.fp8_table_rows,
+}
+
+
+def _host_impl(name: str):
+    if name not in HOST_FORMS:
+        return PLAIN[name]
+    form = HOST_FORMS[name]
+    return functools.wraps(PLAIN[name])(lambda *args, **kwargs: form(*args, **kwargs))   # PLAIN's schema
+
+
 _OPS: dict = {}
 
 
@@ -176,5 +196,5 @@ def custom_op(name: str):
     if name not in PLAIN:
         raise ValueError(f"kernel: unknown name {name!r}; known: {', '.join(PLAIN)}")
     if name not in _OPS:
-        _OPS[name] = _op(name, PLAIN[name], FAKES[name])
+        _OPS[name] = _op(name, _host_impl(name), FAKES[name])
     return _OPS[name]
