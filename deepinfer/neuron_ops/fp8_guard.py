@@ -11,6 +11,7 @@ Enabled for a run by DEEPINFER_NEURON_FP8_GUARD=1 (the platform reads it); CPU r
 """
 from __future__ import annotations
 
+import operator
 import os
 import traceback
 from collections import Counter
@@ -103,7 +104,6 @@ def _meta(v):
 
 def graph_fp8_sites(gm: torch.fx.GraphModule) -> list[str]:
     """Unsafe float8 ops in a traced graph (Dynamo torch-level or aten-level), as 'op (source line)'."""
-    import operator
     out = []
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
@@ -115,18 +115,21 @@ def graph_fp8_sites(gm: torch.fx.GraphModule) -> list[str]:
                 continue
             name = "advanced-index"
         else:
-            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-            name = name.split(".")[0].rstrip("_")
+            name = _target_name(node).split(".")[0].rstrip("_")
             if name not in _FX_UNSAFE:
                 continue
         vals = [_meta(a) for a in tree_leaves((node.args, node.kwargs))] + [_meta(node)]
         if any(is_fp8(v) for v in tree_leaves(vals)):
-            trace = (node.meta.get("stack_trace") or "").strip().splitlines()
-            out.append(f"{name} ({trace[-2].strip() if len(trace) >= 2 else node.name})")
+            out.append(_site(node, name))
     return out
 
 
+def _target_name(node: torch.fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
 def _site(node: torch.fx.Node, what: str) -> str:
+    """'what (the source line that made the node)', or the node's name where no trace was kept."""
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
     where = trace[-2].strip() if len(trace) >= 2 else node.name
     return f"{what} ({where})"
@@ -152,12 +155,14 @@ def graph_float8_sites(gm: torch.fx.GraphModule) -> list[str]:
         if node.op == "output":
             continue
         found = _float8_dtypes(node.meta.get("val", node.meta.get("example_value")))
-        if node.op == "get_attr":
-            found += _float8_dtypes(getattr(gm, str(node.target), None))
+        if node.op == "get_attr":   # a constant the module holds (a dotted path into submodules)
+            try:
+                found += _float8_dtypes(operator.attrgetter(str(node.target))(gm))
+            except AttributeError:
+                pass
         if node.op in ("call_function", "call_method"):
             found += _float8_dtypes((node.args, node.kwargs))
         if found:
-            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-            kind = "input" if node.op == "placeholder" else name
+            kind = "input" if node.op == "placeholder" else _target_name(node)
             out.append(_site(node, f"{kind} {sorted({str(d).removeprefix('torch.') for d in found})[0]}"))
     return out

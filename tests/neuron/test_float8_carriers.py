@@ -68,6 +68,10 @@ def test_scan_reports_uint8_viewed_as_float8():
     assert any(s.startswith("input float8_e4m3fn") for s in graph_float8_sites(graphs[0]))
     graphs, _ = _dynamo_graphs(lambda x: (x * 2).to(torch.float8_e8m0fnu).view(torch.uint8), torch.ones(4))
     assert any("float8_e8m0fnu" in s for s in graph_float8_sites(graphs[0]))
+    table = torch.zeros(4).to(torch.float8_e4m3fn)                     # a float8 constant the graph holds
+    gm = make_fx(lambda x: x + table.float())(torch.ones(4))
+    assert any(n.op == "get_attr" for n in gm.graph.nodes)
+    assert any(s.startswith("_tensor_constant") for s in graph_float8_sites(gm))
 
 
 CODECS = [("swa", 64), ("entries", 64), ("index", 32)]
