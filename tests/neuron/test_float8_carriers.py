@@ -131,30 +131,39 @@ def test_codec_fakes_reject_a_float8_carrier():
             kv_codecs.fp8_record_decode(torch.empty(3, 66, dtype=torch.float8_e4m3fn), 64, torch.float32)
 
 
-FORMATS = [(kind, width, fp8_max) for kind, width in (("swa", 64), ("entries", 64), ("index", 32), ("swa", 512),
-                                                      ("entries", 512), ("index", 128)) for fp8_max in (ACT_FP8_MAX, 448.0)]
+def _int_codecs(fmt, kind, width, fp8_max):
+    if kind == "swa":
+        return (lambda v: kv_codecs.fp8_encode(v, fp8_max, int_codes=True),
+                lambda r: kv_codecs.fp8_decode(r, width, torch.float32, int_codes=True))
+    return (lambda v: kv_codecs.fp4_encode(v, fmt.group, fmt.scale_fmt, fp8_max, int_codes=True),
+            lambda r: kv_codecs.fp4_decode(r, width, fmt.group, fmt.scale_fmt, torch.float32, int_codes=True))
 
 
-@pytest.mark.parametrize("kind,width,fp8_max", FORMATS)
-def test_integer_record_codecs_equal_the_ops(kind, width, fp8_max):
+@pytest.mark.parametrize("kind,width", [("swa", 512), ("entries", 512), ("index", 128)] + CODECS)
+def test_integer_record_codecs_equal_the_ops(kind, width):
     """The traced forms a device runs (int_codes: e4m3 by integer arithmetic) write the ops' bytes and
-    read the ops' values bit for bit, random record bytes (NaN codes included) too, and their graph
-    holds no float8 value and no opaque op."""
-    fmt = record_format(kind, width, "compact", torch.float32, fp8_max)
-    fp8 = kind == "swa"
+    read the ops' values bit for bit, random record bytes (NaN codes included) too."""
     g = torch.Generator().manual_seed(width)
     x = torch.cat([torch.randn(8, width, generator=g) * 10.0 ** e for e in range(-6, 6)])
     x[0] = 0
-    enc = (lambda v, ints: kv_codecs.fp8_encode(v, fp8_max, ints)) if fp8 else \
-        (lambda v, ints: kv_codecs.fp4_encode(v, fmt.group, fmt.scale_fmt, fp8_max, ints))
-    dec = (lambda r, ints: kv_codecs.fp8_decode(r, width, torch.float32, ints)) if fp8 else \
-        (lambda r, ints: kv_codecs.fp4_decode(r, width, fmt.group, fmt.scale_fmt, torch.float32, ints))
-    rec = fmt.encode(x)
-    assert torch.equal(enc(x, True), rec)
-    rb = torch.randint(0, 256, (64, fmt.record_bytes()), dtype=torch.uint8, generator=g)
-    for r in (rec, rb):
-        assert torch.equal(dec(r, True).view(torch.int32), fmt.decode(r, torch.float32).view(torch.int32))
-    graphs, _ = _dynamo_graphs(lambda v: dec(enc(v, True), True), x)
+    rb = torch.randint(0, 256, (64, record_format(kind, width, "compact", torch.float32).record_bytes()),
+                       dtype=torch.uint8, generator=g)
+    for fp8_max in (ACT_FP8_MAX, 448.0):
+        fmt = record_format(kind, width, "compact", torch.float32, fp8_max)
+        enc, dec = _int_codecs(fmt, kind, width, fp8_max)
+        rec = fmt.encode(x)
+        assert torch.equal(enc(x), rec)
+        for r in (rec, rb):
+            assert torch.equal(dec(r).view(torch.int32), fmt.decode(r, torch.float32).view(torch.int32))
+
+
+@pytest.mark.parametrize("kind,width", CODECS)
+def test_integer_record_codecs_trace_without_float8(kind, width):
+    fmt = record_format(kind, width, "compact", torch.float32, ACT_FP8_MAX)
+    enc, dec = _int_codecs(fmt, kind, width, ACT_FP8_MAX)
+    x = torch.randn(6, width, generator=torch.Generator().manual_seed(3)) * 40
+    graphs, back = _dynamo_graphs(lambda v: dec(enc(v)), x)
+    assert torch.equal(back, fmt.decode(fmt.encode(x), torch.float32))
     assert graph_float8_sites(graphs[0]) == []
     assert not any("deepinfer_kv" in str(n.target) for n in graphs[0].graph.nodes)
 
