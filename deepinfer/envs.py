@@ -124,7 +124,8 @@ ENV_VARS: list[EnvVar] = [
            "unless already set); host mode only records it."),
     EnvVar("DEEPINFER_NEURON_FP8_GUARD", False, "bool",
            "Log every unsafe float8 op (cat, stack, advanced index, gather, scatter, where) with its call "
-           "site: eager code through a TorchFunctionMode, compiled regions by scanning their graphs."),
+           "site: eager code through a TorchFunctionMode, compiled regions by scanning their graphs, which "
+           "also report any float8 value (none may appear: fp8 bytes cross a graph as uint8)."),
     EnvVar("DEEPINFER_NEURON_COMPILE_BACKEND", "aot_eager", "choice",
            "torch.compile backend for Neuron regions in host mode (device mode always uses neuron).",
            ("aot_eager", "inductor")),

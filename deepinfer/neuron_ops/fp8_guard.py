@@ -4,10 +4,14 @@ indexing / gather / scatter / where / index_select touching a float8 tensor.
 `Fp8Guard` is a TorchFunctionMode for eager code (loading, the eager top level, eager layers): every
 such call is recorded with its call site (the innermost frame outside torch and this file).
 `graph_fp8_sites(gm)` does the same for a traced FX graph (compiled regions), from node metadata.
+`graph_float8_sites(gm)` is the stricter scan of region graphs: any float8 value at all (input,
+output, intermediate, constant or dtype argument), since fp8 bytes cross a graph only as uint8 and
+are reinterpreted inside a kernel's custom op (docs/neuron.md §4 A6, A9, A11; §7).
 Enabled for a run by DEEPINFER_NEURON_FP8_GUARD=1 (the platform reads it); CPU runs must report zero.
 """
 from __future__ import annotations
 
+import operator
 import os
 import traceback
 from collections import Counter
@@ -100,7 +104,6 @@ def _meta(v):
 
 def graph_fp8_sites(gm: torch.fx.GraphModule) -> list[str]:
     """Unsafe float8 ops in a traced graph (Dynamo torch-level or aten-level), as 'op (source line)'."""
-    import operator
     out = []
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
@@ -112,12 +115,54 @@ def graph_fp8_sites(gm: torch.fx.GraphModule) -> list[str]:
                 continue
             name = "advanced-index"
         else:
-            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-            name = name.split(".")[0].rstrip("_")
+            name = _target_name(node).split(".")[0].rstrip("_")
             if name not in _FX_UNSAFE:
                 continue
         vals = [_meta(a) for a in tree_leaves((node.args, node.kwargs))] + [_meta(node)]
         if any(is_fp8(v) for v in tree_leaves(vals)):
-            trace = (node.meta.get("stack_trace") or "").strip().splitlines()
-            out.append(f"{name} ({trace[-2].strip() if len(trace) >= 2 else node.name})")
+            out.append(_site(node, name))
+    return out
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
+def _site(node: torch.fx.Node, what: str) -> str:
+    """'what (the source line that made the node)', or the node's name where no trace was kept."""
+    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+    where = trace[-2].strip() if len(trace) >= 2 else node.name
+    return f"{what} ({where})"
+
+
+def _float8_dtypes(values) -> list:
+    out = []
+    for v in tree_leaves(values):
+        if isinstance(v, torch.dtype) and v in _FP8:
+            out.append(v)
+        elif isinstance(v, torch.Tensor) and v.dtype in _FP8:
+            out.append(v.dtype)
+    return out
+
+
+def graph_float8_sites(gm: torch.fx.GraphModule) -> list[str]:
+    """Every float8 value in a traced graph (Dynamo torch-level or aten-level, or make_fx), as
+    '<node> <dtype> (source line)': placeholders (inputs), node results (intermediates, outputs),
+    constants held by the module, and float8 dtypes passed as arguments (a `.view(float8)` /
+    `.to(float8)`). An opaque custom op whose fake takes and returns uint8 adds none."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            continue
+        found = _float8_dtypes(node.meta.get("val", node.meta.get("example_value")))
+        if node.op == "get_attr":   # a constant the module holds (a dotted path into submodules)
+            try:
+                found += _float8_dtypes(operator.attrgetter(str(node.target))(gm))
+            except AttributeError:
+                pass
+        if node.op in ("call_function", "call_method"):
+            found += _float8_dtypes((node.args, node.kwargs))
+        if found:
+            kind = "input" if node.op == "placeholder" else _target_name(node)
+            out.append(_site(node, f"{kind} {sorted({str(d).removeprefix('torch.') for d in found})[0]}"))
     return out

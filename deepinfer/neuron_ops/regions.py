@@ -12,7 +12,8 @@ number of layers (docs/neuron.md §4 F1; counted ahead by platforms/neuron/compi
 
 Backends: host mode "aot_eager" (reproduces Dynamo guards, graph breaks and AOTAutograd alias
 checks) or "inductor"; device mode "neuron" (torch-neuronx, imported lazily). Every graph is also
-scanned for float8 ops unsafe on trn2 and for int64 constants outside the int32 range (A4, A5).
+scanned for float8 values (`graph_float8_sites`: none may appear, fp8 bytes cross a graph as uint8;
+A6, A9, A11), float8 ops unsafe on trn2 (A2, A3) and int64 constants outside the int32 range (A4, A5).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.neuron_ops.fp8_guard import graph_fp8_sites
+from deepinfer.neuron_ops.fp8_guard import graph_float8_sites, graph_fp8_sites
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ class RegionStats:
     graphs: Counter = field(default_factory=Counter)      # kind index -> graphs compiled
     regions: Counter = field(default_factory=Counter)     # region name (WHOLE, SUB_REGIONS) -> graphs
     kinds: list = field(default_factory=list)             # kind index -> layer_kind tuple
-    fp8_sites: list = field(default_factory=list)
+    fp8_sites: list = field(default_factory=list)        # unsafe ops on float8 (A2, A3)
+    float8_sites: list = field(default_factory=list)     # any float8 value (A6, A9, A11)
     int64_sites: list = field(default_factory=list)
 
     @property
@@ -152,6 +154,7 @@ class RegionRunner:
             stats.graphs[kind] += 1
             stats.regions[region] += 1
             stats.fp8_sites += graph_fp8_sites(gm)
+            stats.float8_sites += graph_float8_sites(gm)
             stats.int64_sites += int64_constant_sites(gm)
             logger.debug("region graph: %s of kind %d (%s), %d nodes", region, kind, stats.kinds[kind],
                          len(gm.graph.nodes))

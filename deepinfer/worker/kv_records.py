@@ -7,10 +7,14 @@
 Writes encode, reads decode only the gathered rows, so attention always sees dequantized values
 (and, as in DeepSeek's prefill, this step's own SWA rows are read back round-tripped).
 Every e4m3 byte written (SWA values, main-KV scales) is at most the platform's `fp8_max` in
-magnitude: 448 for OCP e4m3fn, 224 on Neuron, whose device reads the bytes as IEEE e4m3 (max 240)."""
+magnitude: 448 for OCP e4m3fn, 224 on Neuron, whose device reads the bytes as IEEE e4m3 (max 240).
+The byte codecs are custom ops (worker/kv_codecs.py): a compiled region sees uint8 records and
+values, never a float8 tensor (docs/neuron.md §4 A9); on a device without a kernel for them the
+same math is traced with integer e4m3 arithmetic instead."""
 import torch
 
 from deepinfer.model_executor.layers import quant
+from deepinfer.worker import kv_codecs
 
 
 class PlainFormat:
@@ -41,7 +45,7 @@ class Fp8Ue8m0Format:
         self.width, self.fp8_max = width, fp8_max
 
     def record_bytes(self) -> int:
-        return self.width + self.width // 32
+        return kv_codecs.fp8_record_bytes(self.width)
 
     def alloc(self, rows: int, device) -> torch.Tensor:
         rec = torch.zeros(rows, self.record_bytes(), dtype=torch.uint8, device=device)
@@ -49,13 +53,14 @@ class Fp8Ue8m0Format:
         return rec
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        q, s = quant.quantize_fp8_block(x.float(), block=(1, 32), scale_fmt="ue8m0", fp8_max=self.fp8_max)
-        return torch.cat([q.view(torch.uint8), s.view(torch.uint8)], dim=-1)
+        if kv_codecs.traced_on(x):
+            return kv_codecs.fp8_encode(x, self.fp8_max, int_codes=True)
+        return kv_codecs.fp8_record_encode(x, self.fp8_max)
 
     def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        q = rec[..., : self.width].contiguous().view(torch.float8_e4m3fn).float()
-        s = quant.ue8m0_to_float(rec[..., self.width:].contiguous())
-        return (q * s.repeat_interleave(32, dim=-1)).to(dtype)
+        if kv_codecs.traced_on(rec):
+            return kv_codecs.fp8_decode(rec, self.width, dtype, int_codes=True)
+        return kv_codecs.fp8_record_decode(rec, self.width, dtype)
 
 
 class Fp4Format:
@@ -67,7 +72,7 @@ class Fp4Format:
         self.name = f"fp4_{scale_fmt}_{group}"
 
     def record_bytes(self) -> int:
-        return self.width // 2 + self.width // self.group
+        return kv_codecs.fp4_record_bytes(self.width, self.group)
 
     def alloc(self, rows: int, device) -> torch.Tensor:
         rec = torch.zeros(rows, self.record_bytes(), dtype=torch.uint8, device=device)
@@ -76,15 +81,14 @@ class Fp4Format:
         return rec
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        packed, s = quant.quantize_fp4(x.float(), group=self.group, scale_fmt=self.scale_fmt,
-                                      fp8_max=self.fp8_max)
-        return torch.cat([packed.view(torch.uint8), s.contiguous().view(torch.uint8)], dim=-1)
+        if kv_codecs.traced_on(x):
+            return kv_codecs.fp4_encode(x, self.group, self.scale_fmt, self.fp8_max, int_codes=True)
+        return kv_codecs.fp4_record_encode(x, self.group, self.scale_fmt, self.fp8_max)
 
     def decode(self, rec: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        values = quant.decode_e2m1(rec[..., : self.width // 2].contiguous())
-        sb = rec[..., self.width // 2:].contiguous()
-        s = sb.view(torch.float8_e4m3fn).float() if self.scale_fmt == "e4m3" else quant.ue8m0_to_float(sb)
-        return (values * s.repeat_interleave(self.group, dim=-1)).to(dtype)
+        if kv_codecs.traced_on(rec):
+            return kv_codecs.fp4_decode(rec, self.width, self.group, self.scale_fmt, dtype, int_codes=True)
+        return kv_codecs.fp4_record_decode(rec, self.width, self.group, self.scale_fmt, dtype)
 
 
 def record_format(kind: str, width: int, mode: str, dtype: torch.dtype, fp8_max: float = quant.FP8_E4M3_MAX):

@@ -38,4 +38,5 @@ def test_packed_regions_give_the_cpu_tokens(request, kind):
     s = Seqs(packed, NeuronRegionStrategy, PROMPTS, platform=host, buckets=SPEC, regions=regions)
     assert s.greedy(5) == golden
     assert regions.stats.total_graphs > 0 and s.strategy.buckets_seen == {(2, 64)}
+    assert regions.stats.float8_sites == []   # the packed kernels take their bytes as uint8
     assert any(is_packed(m) for m in packed.modules())

@@ -51,6 +51,8 @@ SLOW = {
     "neuron/test_nki_wiring.py::test_tiny_v41_simulated_kernels_give_the_cpu_tokens": 15,
     "neuron/test_packed_regions.py::test_packed_regions_give_the_cpu_tokens[v4]": 8,
     "neuron/test_engram_host.py::test_host_mode_greedy_tokens_equal_the_cpu_platform[dense]": 5,
+    "neuron/test_float8_carriers.py::test_packed_compact_regions_hold_no_float8": 92,
+    "neuron/test_float8_carriers.py::test_region_scan_catches_a_record_decode_traced_inline": 43,
     # process: one fast case of each kind stays (multi-rank tokens, a follower killed, drafts across
     # ranks, the server's requests, the bench offline)
     "process/test_multi_rank_model.py": 87,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.model_executor.layers import quant_bits
+
 FP8_E4M3_MAX = 448.0  # OCP e4m3fn; trn2's IEEE e4m3 (max 240) is handled by the platform, not here
 FP4_E2M1_MAX = 6.0
 
@@ -168,10 +170,17 @@ def quantize_fp8_block(
         raise ValueError(f"scale_fmt: expected 'ue8m0' or 'float', got {scale_fmt!r}")
     if not 0 < fp8_max <= FP8_E4M3_MAX:
         raise ValueError(f"fp8_max: must be in (0, {FP8_E4M3_MAX}], got {fp8_max}")
+    xs, sf = scaled_fp8_block(x, block, fp8_max)
+    q = xs.to(torch.float8_e4m3fn)  # torch casts with RNE
+    return q, (_pow2_to_ue8m0(sf) if scale_fmt == "ue8m0" else sf)
+
+
+def scaled_fp8_block(x: torch.Tensor, block: tuple[int, int], fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What quantize_fp8_block rounds to e4m3: x times its block's power-of-two reciprocal scale,
+    clamped to +-fp8_max (fp32), and the fp32 block scales."""
     sf, q_mul = _block_scales(x, block, fp8_max, AMAX_CLAMP[("e4m3", False)])
     xs = x.to(torch.float32) * _expand_scale(q_mul, block, x.shape[-2], x.shape[-1])
-    q = xs.clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)  # torch casts with RNE
-    return q, (_pow2_to_ue8m0(sf) if scale_fmt == "ue8m0" else sf)
+    return xs.clamp(-fp8_max, fp8_max), sf
 
 
 def _block_scales(x: torch.Tensor, block: tuple[int, int], q_max: float, clamp: float):
@@ -252,12 +261,14 @@ def quantize_fp4(
     group: int = 32,
     scale_fmt: str = "ue8m0",
     fp8_max: float = FP8_E4M3_MAX,
+    int_codes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TK cast rule to packed e2m1 with one scale per `group` consecutive values of the last dim.
 
     scale_fmt "ue8m0": power-of-two scale rounded up (MXFP4 experts, index q/K). "e4m3": the scale is
     e4m3_RNE(amax / 6), not a power of two (the FP4 main KV cache); returned as float8_e4m3fn, at most
-    `fp8_max` (a larger amax saturates its codes at 6 instead).
+    `fp8_max` (a larger amax saturates its codes at 6 instead). int_codes: scales as the int32 codes
+    of the same bytes, computed without a float8 tensor (layers/quant_bits.py; graphs that hold none).
     """
     if scale_fmt not in ("ue8m0", "e4m3"):
         raise ValueError(f"scale_fmt: expected 'ue8m0' or 'e4m3', got {scale_fmt!r}")
@@ -266,14 +277,19 @@ def quantize_fp4(
     x2 = x.to(torch.float32).reshape(-1, x.shape[-1])
     if scale_fmt == "ue8m0":
         sf, q_mul = _block_scales(x2, (1, group), FP4_E2M1_MAX, AMAX_CLAMP[("e2m1", False)])
-        out_sf = _pow2_to_ue8m0(sf)
+        out_sf = quant_bits.ue8m0_exponent(sf) if int_codes else _pow2_to_ue8m0(sf)
     else:
         cols = x2.shape[-1]
         pad = (-cols) % group
         amax = torch.nn.functional.pad(x2.abs(), (0, pad)).reshape(x2.shape[0], -1, group).amax(-1)
         amax = amax.clamp(min=AMAX_CLAMP[("e2m1", True)])
-        out_sf = (amax / FP4_E2M1_MAX).clamp(max=fp8_max).to(torch.float8_e4m3fn)
-        q_mul = 1.0 / out_sf.to(torch.float32)
+        sf = (amax / FP4_E2M1_MAX).clamp(max=fp8_max)
+        if int_codes:
+            out_sf = quant_bits.float_to_e4m3(sf)
+            q_mul = 1.0 / quant_bits.e4m3_to_float(out_sf)
+        else:
+            out_sf = sf.to(torch.float8_e4m3fn)
+            q_mul = 1.0 / out_sf.to(torch.float32)
     xs = x2 * q_mul.repeat_interleave(group, dim=-1)[..., : x2.shape[-1]]
     packed = pack_e2m1(encode_e2m1(xs))
     lead = x.shape[:-1]

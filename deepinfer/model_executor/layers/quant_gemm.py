@@ -4,7 +4,10 @@ named kernels `blockquant_fp8_gemm`, `blockquant_fp8_grouped_gemm`, `blockquant_
 
 Arguments are what a device kernel reads: codes as uint8 bytes (e4m3 values, or e2m1 pairs with the
 low nibble first), ue8m0 scales as uint8 exponent bytes, block shapes as ints; no float8 dtype and no
-bitcast reaches a graph (docs/neuron.md §4 A11). Each reference dequantizes one tile at a time inside
+bitcast of an input reaches a graph (docs/neuron.md §4 A11). The e4m3 codes are read through a
+float8 view, or with int_codes through integer arithmetic (layers/quant_bits.py, the same values
+bit for bit), the form the Neuron references take so that their graphs hold no float8 value
+(§4 A9). Each reference dequantizes one tile at a time inside
 the call (a block of output rows, one expert) and accumulates in fp32, so no dense copy of a weight
 outlives the call. Outputs are in x's dtype.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.model_executor.layers import quant
+from deepinfer.model_executor.layers import quant, quant_bits
 from deepinfer.model_executor.layers.moe import (active_expert_slots, active_slot_sum, combine_weights, looped_experts,
                                                  swiglu)
 
@@ -25,10 +28,15 @@ def _check_codes(name: str, codes: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected uint8 code bytes, got {codes.dtype}")
 
 
+def e4m3_values(codes: torch.Tensor, int_codes: bool = False) -> torch.Tensor:
+    """uint8 e4m3 codes -> fp32: a float8 view, or integer arithmetic with no float8 tensor."""
+    return quant_bits.e4m3_to_float(codes) if int_codes else codes.view(torch.float8_e4m3fn).to(torch.float32)
+
+
 def dequant_fp8_rows(codes: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int,
-                     row0: int, row1: int) -> torch.Tensor:
+                     row0: int, row1: int, int_codes: bool = False) -> torch.Tensor:
     """fp32 rows [row0, row1) of a [N, K] e4m3 weight with a ue8m0 [ceil(N/br), ceil(K/bc)] grid."""
-    rows = codes[row0:row1].view(torch.float8_e4m3fn).to(torch.float32)
+    rows = e4m3_values(codes[row0:row1], int_codes)
     s = quant.ue8m0_to_float(scale[row0 // block_rows: -(-row1 // block_rows)])
     s = s.repeat_interleave(block_rows, dim=0)[row0 % block_rows: row0 % block_rows + (row1 - row0)]
     return rows * s.repeat_interleave(block_cols, dim=1)[:, : rows.shape[1]]
@@ -40,24 +48,25 @@ def _row_tiles(n: int, block_rows: int):
 
 
 def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
-                        block_cols: int) -> torch.Tensor:
+                        block_cols: int, *, int_codes: bool = False) -> torch.Tensor:
     """y = x @ W^T. x: [M, K]; w_codes: uint8 e4m3 [N, K]; w_scale: uint8 ue8m0 [ceil(N/br), ceil(K/bc)]."""
     _check_codes("blockquant_fp8_gemm w_codes", w_codes)
     xf = x.float()
-    outs = [xf @ dequant_fp8_rows(w_codes, w_scale, block_rows, block_cols, r0, r1).t()
+    outs = [xf @ dequant_fp8_rows(w_codes, w_scale, block_rows, block_cols, r0, r1, int_codes).t()
             for r0, r1 in _row_tiles(w_codes.shape[0], block_rows)]
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).to(x.dtype)
 
 
 def blockquant_fp8_grouped_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
-                                block_cols: int) -> torch.Tensor:
+                                block_cols: int, *, int_codes: bool = False) -> torch.Tensor:
     """Per-group GEMM of a weight whose rows are G equal groups: x: [T, G, K]; w_codes: uint8 [G * R, K];
     y[t, g] = x[t, g] @ W[g * R:(g + 1) * R]^T -> [T, G, R] (the attention output's grouped low rank)."""
     _check_codes("blockquant_fp8_grouped_gemm w_codes", w_codes)
     groups, rows = x.shape[1], w_codes.shape[0] // x.shape[1]
     xf = x.float()
     outs = [torch.einsum("tk,rk->tr", xf[:, g],
-                         dequant_fp8_rows(w_codes, w_scale, block_rows, block_cols, g * rows, (g + 1) * rows))
+                         dequant_fp8_rows(w_codes, w_scale, block_rows, block_cols, g * rows, (g + 1) * rows,
+                                          int_codes))
             for g in range(groups)]
     return torch.stack(outs, dim=1).to(x.dtype)
 
@@ -127,13 +136,13 @@ def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
 
 
 def fp8_table_rows(codes: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor, group: int,
-                   dtype: torch.dtype) -> torch.Tensor:
+                   dtype: torch.dtype, *, int_codes: bool = False) -> torch.Tensor:
     """Gathered rows of an e4m3 table with one ue8m0 scale per `group` values of a row (the Engram
     table): codes uint8 [R, d], scale uint8 [R, d / group], rows int [T, K] (-1 = no lookup -> zeros)
     -> [T, K * d] in `dtype`. Only the gathered rows are dequantized; the gather reads bytes."""
     _check_codes("fp8_table_rows codes", codes)
     safe = rows.clamp(min=0)
-    v = codes[safe].view(torch.float8_e4m3fn).to(torch.float32)            # [T, K, d]
+    v = e4m3_values(codes[safe], int_codes)                                 # [T, K, d]
     s = quant.ue8m0_to_float(scale[safe]).repeat_interleave(group, dim=-1)  # [T, K, d]
     e = (v * s).masked_fill((rows < 0)[..., None], 0)
     return e.reshape(rows.shape[0], -1).to(dtype)

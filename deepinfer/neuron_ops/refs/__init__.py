@@ -4,11 +4,17 @@ Each reference is registered as a `torch.library` custom op (namespace `deepinfe
 fake (shape-only) implementation, so a host-mode region graph holds one node per kernel, as a device
 graph holds one NKI call for a name with an NKI kernel, and tracing never runs the reference's math on
 fake tensors (tests/neuron/test_neuron_kernels.py checks every fake against the reference with
-opcheck). Device mode traces the plain functions of `PLAIN` instead. The math is not
+opcheck). The fakes of the packed-weight kernels take their codes and scales as uint8 only and
+reject a float8 carrier: fp8 / fp4 bytes cross a graph as uint8 and get their meaning inside the
+kernel (docs/neuron.md §4 A9, A11). Device mode traces the plain functions of `PLAIN` instead;
+the fp8 ones read e4m3 codes by integer arithmetic (`int_codes`, layers/quant_bits.py), so even
+traced they hold no float8 value, while the host-mode ops read them through a float8 view inside
+the op (`HOST_FORMS`: the same values bit for bit, faster on a CPU). The math is not
 copied: the model's layer functions are the references; the routed MoE is the fixed-shape dense form
 (layers/moe.py `dense_local_experts`, and `fp4_static_experts` on packed experts), the one a Neuron
 graph can hold.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -29,6 +35,17 @@ def _f32(x: Tensor, *shape) -> Tensor:
     return x.new_empty(shape, dtype=torch.float32)
 
 
+def _bytes_at(fake, *positions: int):
+    """`fake`, first checking that its arguments at `positions` (codes, scales) are uint8."""
+    def checked(*args, **kwargs):
+        for i in positions:
+            if args[i].dtype != torch.uint8:
+                raise ValueError(f"argument {i}: expected uint8 code / scale bytes, got {args[i].dtype} "
+                                 "(fp8 / fp4 bytes enter a graph as uint8; docs/neuron.md §4 A11)")
+        return fake(*args, **kwargs)
+    return checked
+
+
 # Output shapes and dtypes of each reference (the `*_` arguments are not needed for the shape).
 FAKES = {
     "rms_norm": lambda x, weight, eps: torch.empty_like(x),
@@ -46,15 +63,18 @@ FAKES = {
     "expert_mlp": lambda x, w1, w3, w2, limit: x.new_empty(x.shape[0], w2.shape[0]),
     "engram_gate": lambda x, kv, q_weight, k_weight, eps: torch.empty_like(x),
     "swiglu": lambda gate, up, limit: torch.empty_like(gate),
-    "blockquant_fp8_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(x.shape[0],
-                                                                                         w_codes.shape[0]),
-    "blockquant_fp8_grouped_gemm": lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
-        x.shape[0], x.shape[1], w_codes.shape[0] // x.shape[1]),
-    "blockquant_fp4_gemm": lambda x, w_packed, w_scale, group: x.new_empty(x.shape[0], w_packed.shape[0]),
-    "fp4_static_experts": lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit: torch.empty_like(x),
-    "fp4_active_experts": lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit: torch.empty_like(x),
-    "fp8_table_rows": lambda codes, scale, rows, group, dtype: codes.new_empty(
-        rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype),
+    "blockquant_fp8_gemm": _bytes_at(lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
+        x.shape[0], w_codes.shape[0]), 1, 2),
+    "blockquant_fp8_grouped_gemm": _bytes_at(lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
+        x.shape[0], x.shape[1], w_codes.shape[0] // x.shape[1]), 1, 2),
+    "blockquant_fp4_gemm": _bytes_at(lambda x, w_packed, w_scale, group: x.new_empty(
+        x.shape[0], w_packed.shape[0]), 1, 2),
+    "fp4_static_experts": _bytes_at(lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit:
+                                    torch.empty_like(x), 3, 4, 5, 6),
+    "fp4_active_experts": _bytes_at(lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit:
+                                    torch.empty_like(x), 3, 4, 5, 6),
+    "fp8_table_rows": _bytes_at(lambda codes, scale, rows, group, dtype: codes.new_empty(
+        rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype), 0, 1),
 }
 
 
@@ -116,12 +136,12 @@ def _swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
 
 
 def _blockquant_fp8_gemm(x: Tensor, w_codes: Tensor, w_scale: Tensor, block_rows: int, block_cols: int) -> Tensor:
-    return quant_gemm.blockquant_fp8_gemm(x, w_codes, w_scale, block_rows, block_cols)
+    return quant_gemm.blockquant_fp8_gemm(x, w_codes, w_scale, block_rows, block_cols, int_codes=True)
 
 
 def _blockquant_fp8_grouped_gemm(x: Tensor, w_codes: Tensor, w_scale: Tensor, block_rows: int,
                                  block_cols: int) -> Tensor:
-    return quant_gemm.blockquant_fp8_grouped_gemm(x, w_codes, w_scale, block_rows, block_cols)
+    return quant_gemm.blockquant_fp8_grouped_gemm(x, w_codes, w_scale, block_rows, block_cols, int_codes=True)
 
 
 def _blockquant_fp4_gemm(x: Tensor, w_packed: Tensor, w_scale: Tensor, group: int) -> Tensor:
@@ -139,7 +159,7 @@ def _fp4_active_experts(x: Tensor, idx: Tensor, weights: Tensor, w13: Tensor, w1
 
 
 def _fp8_table_rows(codes: Tensor, scale: Tensor, rows: Tensor, group: int, dtype: torch.dtype) -> Tensor:
-    return quant_gemm.fp8_table_rows(codes, scale, rows, group, dtype)
+    return quant_gemm.fp8_table_rows(codes, scale, rows, group, dtype, int_codes=True)
 
 
 # name -> plain reference (what device mode traces when no NKI kernel is written for a name)
@@ -166,6 +186,22 @@ PLAIN = {
     "fp8_table_rows": _fp8_table_rows,
 }
 
+# name -> what the host-mode custom op runs where it is not the PLAIN reference: the CPU reference
+# that reads e4m3 codes through a float8 view (inside the op, where the graph does not see it).
+HOST_FORMS = {
+    "blockquant_fp8_gemm": quant_gemm.blockquant_fp8_gemm,
+    "blockquant_fp8_grouped_gemm": quant_gemm.blockquant_fp8_grouped_gemm,
+    "fp8_table_rows": quant_gemm.fp8_table_rows,
+}
+
+
+def _host_impl(name: str):
+    if name not in HOST_FORMS:
+        return PLAIN[name]
+    form = HOST_FORMS[name]
+    return functools.wraps(PLAIN[name])(lambda *args, **kwargs: form(*args, **kwargs))   # PLAIN's schema
+
+
 _OPS: dict = {}
 
 
@@ -174,5 +210,5 @@ def custom_op(name: str):
     if name not in PLAIN:
         raise ValueError(f"kernel: unknown name {name!r}; known: {', '.join(PLAIN)}")
     if name not in _OPS:
-        _OPS[name] = _op(name, PLAIN[name], FAKES[name])
+        _OPS[name] = _op(name, _host_impl(name), FAKES[name])
     return _OPS[name]

@@ -127,9 +127,11 @@ class NeuronRegionStrategy(RunnerStrategy):
                 logger.warning("DEEPINFER_NEURON_FP8_GUARD: %s", line)
 
     def fp8_sites(self) -> list[str]:
-        """Unsafe float8 ops seen so far (unique): eager call sites (guard on) and compiled region graphs."""
+        """Unsafe float8 ops seen so far (unique): eager call sites (guard on) and compiled region graphs,
+        with every float8 value of a region graph (docs/neuron.md §4 A9)."""
         eager = [f"{op} on float8 at {site}" for op, site in self.fp8_guard.report.sites] if self.fp8_guard else []
-        graphs = self.regions.stats.fp8_sites if self.regions is not None else []
+        stats = self.regions.stats if self.regions is not None else None
+        graphs = stats.fp8_sites + [f"float8 value: {s}" for s in stats.float8_sites] if stats else []
         return sorted(set(eager) | set(graphs))
 
     @property
