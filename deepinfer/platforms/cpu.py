@@ -22,11 +22,15 @@ class CpuPlatform(Platform):
     def runner_strategy(self) -> str:
         return "cpu_compiled" if envs.get("DEEPINFER_CPU_COMPILE") else "eager"
 
-    def bucket_spec(self, engine_config) -> BucketSpec:
-        """Decode row buckets: powers of two up to next_pow2(max_num_seqs) (a padded row costs a row of
-        every GEMM, and this CPU's small-row GEMMs grow with the rows: layers/head_gemm.py); one context
-        bucket, max_model_len; no prompt buckets (prompt steps run eagerly). With speculative decoding
-        every row bucket also has a verification shape of 1 + num_speculative_tokens tokens a row."""
+    def bucket_spec(self, engine_config) -> BucketSpec | None:
+        """The compiled runner's shapes (None when steps run eagerly, so a test's own strategy keeps its
+        buckets). Decode row buckets: powers of two up to next_pow2(max_num_seqs) (a padded row costs a
+        row of every GEMM, and this CPU's small-row GEMMs grow with the rows: layers/head_gemm.py); the
+        power-of-two context buckets up to max_model_len (platforms/neuron/buckets.py); no prompt
+        buckets (prompt steps run eagerly). With speculative decoding every row bucket also has a
+        verification shape of 1 + num_speculative_tokens tokens a row."""
+        if self.runner_strategy != "cpu_compiled":
+            return None
         return BucketSpec(batch=batch_buckets(int(engine_config.max_num_seqs)),
                           contexts=default_context_buckets(engine_config.max_model_len), prefill_tokens=None,
                           max_model_len=engine_config.max_model_len,
