@@ -392,14 +392,3 @@ def test_empty_text_prompt_and_stop_strings_without_tokenizer(tokenizer):
     assert not engine.requests
 
 
-def test_sequence_truncate_rolls_back_outputs_and_computed_count():
-    seq = make_seq(0, 4)
-    seq.logprobs = []
-    for t, lp in ((10, -1.0), (11, -2.0), (12, -4.0)):
-        seq.append_token(t, lp, {t: None})
-    seq.num_computed_tokens = 7
-    seq.truncate(5)
-    assert seq.token_ids == [5, 5, 5, 5, 10] and seq.num_computed_tokens == 5
-    assert seq.cumulative_logprob == -1.0 and len(seq.logprobs) == 1 and seq.token_logprobs == [-1.0]
-    with pytest.raises(AssertionError):
-        seq.truncate(3)  # never into the prompt
