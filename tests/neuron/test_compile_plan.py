@@ -43,7 +43,7 @@ def _default_plan(cfg, **engine):
     ec.resolve(cfg)
     p = NeuronPlatform(host=True)
     p.validate_config(ec, cfg)
-    return compile_plan(p.bucket_spec(ec), config_layer_kinds(cfg), p.region_split)
+    return compile_plan(p.bucket_spec(ec), config_layer_kinds(cfg), p.region_split, drafts=ec.num_speculative_tokens)
 
 
 def test_default_v41_flash_serving_config_compiles_at_most_64_graphs(defaults):
