@@ -269,7 +269,7 @@ class NeuronRegionStrategy(RunnerStrategy):
         if self.num_graphs > graphs_before:   # only a bucketed step compiles regions
             logger.info("compiled %d region graphs for a step of %d tokens, context %d, in %.2f s (with its run)",
                         self.num_graphs - graphs_before, bucket.num_tokens, bucket.context, time.perf_counter() - t0)
-        return logits if logits.device.type == "cpu" else logits.cpu()
+        return logits if logits.device.type in ("cpu", "meta") else logits.cpu()   # meta: the device report
 
     def _compiled_forward(self, packed: PackedStep, cache, run_layer) -> torch.Tensor:
         model = self.model
