@@ -15,7 +15,8 @@ tensor any op of the graph produces when the graph runs on meta (`measure.larges
 `float8_sites` (neuron_ops/fp8_guard.py graph_fp8_sites, §4 A2/A3) and `int64_sites`
 (`measure.int64_sites`, §4 A4/A5). Per rank: HBM bytes of the weights, KV cache, Engram tables held
 as device tensors, the largest intermediate of any graph, and their total. `decode_step`: the op
-census (neuron_ops/op_census.py) of the plan's largest plain decode bucket on meta. `rules`: the
+census (neuron_ops/op_census.py) of the plan's largest plain decode bucket on meta; with drafts,
+`speculative_step`: the census of a verification forward, a draft block and its per-depth heads. `rules`: the
 device-rule table (platforms/neuron/device_rules.py). Nothing here ran on a device.
 """
 from __future__ import annotations
@@ -90,6 +91,8 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
         decode = max((b for b in spec.all_buckets() if b.num_tokens == b.num_seqs), key=lambda b: b.num_seqs)
         step = spec.static_step([], decode, cache_layout, logits_rows=decode.num_tokens)
         strategy.forward(strategy.to_device(step, decode), cache, decode)
+        plain = census.steps[-1]
+        speculative = speculative_census(strategy, cache, decode.num_seqs) if nextn else None
         strategy.census = None
         resident = mr.resident_bytes(model)
         engram = engram_device_bytes(model)
@@ -98,7 +101,7 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
     graphs = traced.rows()
     peak = max((g["max_intermediate_bytes"] for g in graphs), default=0)
     weights = resident["total"] - resident["engram_tables"]
-    step_census = census.steps[-1]
+    step_census = plain
     report = {
         "config": {"model_type": cfg.model_type, "num_layers": cfg.num_layers, "kv_cache_mode": ec.kv_cache_mode,
                    "max_num_seqs": ec.max_num_seqs,
@@ -116,6 +119,7 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
                         "host_to_device_copies": step_census.host_to_device,
                         "device_to_host_copies": step_census.device_to_host,
                         "ops": step_census.to_dict()["ops"]},
+        "speculative_step": None if speculative is None else speculative.to_dict(),
         "targets": {"hbm_total_bytes": HBM_TARGET_BYTES, "max_intermediate_bytes": INTERMEDIATE_TARGET_BYTES,
                     "graph_count": GRAPH_TARGET, "eager_ops": EAGER_OPS_TARGET, "copies_each_way": 1},
         "rules": report_rules(),
@@ -123,6 +127,27 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
     }
     report["checks"] = check_targets(report)
     return report
+
+
+def speculative_census(strategy, cache, rows: int):
+    """The census of one speculative step at `rows` rows: the verification forward, the draft block,
+    then the per-depth draft heads as the driver runs them (spec/proposer.py; draws left out)."""
+    from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
+    from deepinfer.model_executor.static_step import Bucket
+    from deepinfer.platforms.neuron.compile_plan import exit_logits_rows
+    spec, b = strategy.buckets, strategy.drafts
+    verify = Bucket(rows, rows * (1 + b), max(spec.context_ladder()))
+    step = spec.static_step([], verify, strategy.layout, logits_rows=exit_logits_rows(verify, spec))
+    strategy.forward(strategy.to_device(step, verify), cache, verify)
+    block = DraftBlock([], [], [], b).padded(rows)
+    noise = int(strategy.model.cfg.dspark_noise_token_id)
+    hidden, base = strategy.forward_draft(strategy.draft_to_device(draft_step_inputs(block, strategy.layout, noise)),
+                                          cache)
+    hidden, base = hidden.view(rows, b, -1), base.view(rows, b, -1)
+    prev = torch.zeros(rows, dtype=torch.long, device=hidden.device)
+    for k in range(b):
+        strategy.draft_heads(hidden[:, k], base[:, k], prev)
+    return strategy.census.steps[-1]
 
 
 def check_targets(report: dict) -> dict:
