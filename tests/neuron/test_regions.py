@@ -170,3 +170,20 @@ def test_int64_constants_outside_int32_are_flagged():
 
     f(torch.tensor([1, -2]))
     assert int64_constant_sites(graphs[0]) == [f"full_like({torch.iinfo(torch.long).max})"]
+
+
+def test_a_step_wanting_more_logits_rows_than_the_exit_holds_runs_its_exit_eagerly(regions):
+    """Prompt logprobs: a chunk scoring all its 11 tokens wants more rows than the prefill bucket's
+    compiled exit (one a sequence, compile_plan.exit_logits_rows): the exit runs eagerly, the rows
+    equal eager, and no graph is added."""
+    import dataclasses
+    model = tiny_model(tiny_config("v4", 6), HOST)
+    s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=regions["v4"])
+    ref = Seqs(model, EagerStrategy, PROMPTS)
+    s.step({0: 3})   # the prompt bucket's graphs, compiled by a plain step
+    ref.step({0: 3})
+    graphs = regions["v4"].stats.total_graphs
+    got, want = (x.runner.run([dataclasses.replace(x.chunk(0, 8), num_logits=8)]).logits for x in (s, ref))
+    assert got.shape == want.shape == (8, model.cfg.vocab_size)
+    assert (got - want).abs().max().item() < 1e-4
+    assert regions["v4"].stats.total_graphs == graphs

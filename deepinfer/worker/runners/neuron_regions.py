@@ -41,6 +41,9 @@ class PackedStep:
     buf: torch.Tensor
     layout: tuple
     compiled_exit: bool   # its logits rows are the bucket's fixed count (else the exit runs eagerly)
+    # a step wanting more logits rows than that count: its rows, copied apart, so that the buffer keeps
+    # the bucket's layout (and the entry graph)
+    logits_indices: torch.Tensor | None = None
 
 
 def _entry(model, buf, layout, cache):
@@ -118,7 +121,14 @@ class NeuronRegionStrategy(RunnerStrategy):
         if bucket is None or self.regions is None:
             self._copied(len(step_pack.leaves(step)))
             return step_to(step, self.platform.device)
-        return self._packed(step, step.logits_indices.numel() == exit_logits_rows(bucket, self.buckets))
+        rows = exit_logits_rows(bucket, self.buckets)
+        if step.logits_indices.numel() == rows:
+            return self._packed(step, True)
+        extra = step.logits_indices
+        self._copied(1)
+        placeholder = torch.zeros(rows, dtype=extra.dtype)
+        return dataclasses.replace(self._packed(dataclasses.replace(step, logits_indices=placeholder), False),
+                                   logits_indices=extra.to(self.platform.device, non_blocking=True))
 
     def _packed(self, step: StepInputs, compiled_exit: bool) -> PackedStep:
         buf, layout = step_pack.pack(step)
@@ -274,7 +284,10 @@ class NeuronRegionStrategy(RunnerStrategy):
     def _compiled_forward(self, packed: PackedStep, cache, run_layer) -> torch.Tensor:
         model = self.model
         tensors, x, prev_pre, tables = self._region("entry", _entry, model, packed.buf, packed.layout, cache)
-        ctx = StepContext(model, step_pack.rebuild(packed.layout, tensors), cache, tables)
+        step = step_pack.rebuild(packed.layout, tensors)
+        if packed.logits_indices is not None:
+            step = dataclasses.replace(step, logits_indices=packed.logits_indices)
+        ctx = StepContext(model, step, cache, tables)
         state = model.run_layers(x, prev_pre, ctx, run_layer)
         if packed.compiled_exit:
             return self._region("exit", _exit, model, state, ctx)
