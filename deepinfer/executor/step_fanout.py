@@ -34,7 +34,7 @@ import torch
 from deepinfer.distributed import comm
 from deepinfer.distributed.step_codec import (KIND_DRAFT, KIND_SHUTDOWN, KIND_STEP, GroupStep, StepMessage,
                                               decode, to_bytes)
-from deepinfer.model_executor.forward_meta import SeqChunk, step_to
+from deepinfer.model_executor.forward_meta import SeqChunk
 from deepinfer.model_executor.layers.vocab_parallel import HeadPlan
 from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
 from deepinfer.model_executor.static_step import Bucket, pad_chunks
@@ -127,18 +127,18 @@ class StepFanout:
         sequence, which come back from `gather` in the block's row order."""
         b, dp, layout = block.block, self.layout.dp, strategy.layout
         if dp == 1:
-            step = draft_step_inputs(block, layout, noise_id)
+            step = draft_step_inputs(block.padded(strategy.draft_rows(len(block))), layout, noise_id)
             n = len(block) * b
             msg = StepMessage(KIND_DRAFT, [GroupStep(step, None, n)], n)
-            return PreparedStep(step_to(step, strategy.device), None, n, FanoutStep(msg, n, kind=KIND_DRAFT))
+            return PreparedStep(strategy.draft_to_device(step), None, n, FanoutStep(msg, n, kind=KIND_DRAFT))
         index = [[r for r, slot in enumerate(block.slots) if slot % dp == g] for g in range(dp)]
-        rows = max(len(i) for i in index)
+        rows = strategy.draft_rows(max(len(i) for i in index))
         groups = [GroupStep(draft_step_inputs(block.rows(members).padded(rows), layout, noise_id), None,
                             len(members) * b) for members in index]
         order = gather_order(index, [b] * len(block), rows * b)
         msg = StepMessage(KIND_DRAFT, groups, rows * b)
         own = groups[self.layout.dp_rank]
-        return PreparedStep(step_to(own.step, strategy.device), None, own.num_logits,
+        return PreparedStep(strategy.draft_to_device(own.step), None, own.num_logits,
                             FanoutStep(msg, rows * b, order, kind=KIND_DRAFT))
 
     def publish(self, prepared: PreparedStep) -> None:
@@ -210,7 +210,7 @@ class StepFanout:
             return None
         own = msg.groups[self.layout.dp_rank]
         if msg.kind == KIND_DRAFT:
-            return PreparedStep(step_to(own.step, strategy.device), None, own.num_logits,
+            return PreparedStep(strategy.draft_to_device(own.step), None, own.num_logits,
                                 FanoutStep(None, msg.gather_rows, kind=KIND_DRAFT))
         if msg.kind != KIND_STEP:
             raise RuntimeError(f"step message of unknown kind {msg.kind}")

@@ -1,6 +1,7 @@
 """Decoder layers compiled as regions, one compiled entry per layer kind (docs/neuron.md §5.2).
 
-The top level of the model stays eager. `RegionRunner.hook(num_seqs, num_tokens)` is the model's
+`RegionRunner.run_top` runs the model's top level (step entry, step exit, a draft block) as regions
+of their own (TOP_REGIONS). `RegionRunner.hook(num_seqs, num_tokens)` is the model's
 `run_layer` hook for a step of that bucket: each decoder layer runs as one compiled region (attention
 half + MoE), or as three sub-regions (`SUB_REGIONS`: projections | indexer and attention | MoE) when
 the split policy says so for the step (`SPLIT_POLICIES`, DEEPINFER_NEURON_REGION_SPLIT;
@@ -77,6 +78,11 @@ def int64_constant_sites(gm: torch.fx.GraphModule) -> list[str]:
 SPLIT_POLICIES = ("multi_row", "never", "always")
 WHOLE = ("layer",)
 SUB_REGIONS = ("projections", "attention", "ffn")
+# The model's top level, one graph each per bucket: "entry" (the packed step inputs unpacked, prefix
+# restores, embedding, RoPE tables), "exit" (the draft layers' main keys, HC collapse, final norm, LM
+# head) and, with speculative decoding, "draft" (a whole DSpark draft block); each eager op between
+# regions would be a launch of its own on a device (docs/neuron.md §4 C1, C4).
+TOP_REGIONS = ("entry", "exit", "draft")
 
 
 def splits(policy: str, num_seqs: int, num_tokens: int) -> bool:
@@ -140,10 +146,11 @@ class RegionRunner:
         self.stats = RegionStats()
         self._kind_of = weakref.WeakKeyDictionary()   # layer -> kind index (ids get reused)
         self._fns: dict[int, tuple] = {}      # kind index -> compiled callables
+        self._top: dict[str, object] = {}     # TOP_REGIONS name -> compiled callable
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
 
-    def _backend_for(self, kind: int, region: str):
+    def _backend_for(self, kind, region: str):
         if self.backend == "neuron":
             import torch_neuronx  # noqa: F401  (registers the "neuron" backend; device only)
         from torch._dynamo.backends.registry import lookup_backend
@@ -156,8 +163,8 @@ class RegionRunner:
             stats.fp8_sites += graph_fp8_sites(gm)
             stats.float8_sites += graph_float8_sites(gm)
             stats.int64_sites += int64_constant_sites(gm)
-            logger.debug("region graph: %s of kind %d (%s), %d nodes", region, kind, stats.kinds[kind],
-                         len(gm.graph.nodes))
+            logger.debug("region graph: %s of kind %s (%s), %d nodes", region, kind,
+                         stats.kinds[kind] if isinstance(kind, int) else "top level", len(gm.graph.nodes))
             return inner(gm, example_inputs)
         return backend
 
@@ -184,6 +191,16 @@ class RegionRunner:
 
     def run_whole(self, layer, x, prev_pre, ctx, io):
         return self._compiled(layer)[0](layer, x, prev_pre, ctx, io)
+
+    def run_top(self, name: str, fn, *args):
+        """fn(*args) as the compiled top-level region `name` (TOP_REGIONS): one graph per static shape."""
+        if name not in TOP_REGIONS:
+            raise ValueError(f"top-level region: expected one of {'|'.join(TOP_REGIONS)}, got {name!r}")
+        compiled = self._top.get(name)
+        if compiled is None:
+            compiled = self._top[name] = torch.compile(_fresh(fn, name), backend=self._backend_for(name, name),
+                                                       fullgraph=self.fullgraph, dynamic=False)
+        return compiled(*args)
 
     def run_split(self, layer, x, prev_pre, ctx, io):
         _, projections, attention, ffn = self._compiled(layer)

@@ -174,15 +174,16 @@ class ModelRunner:
         return self.execute_draft(prepared)
 
     def execute_draft(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, base = self.model.draft(prepared.step, self.cache)
-        return self.transport.gather_draft(prepared, hidden, base)
+        hidden, base = self.strategy.forward_draft(prepared.step, self.cache)
+        n = prepared.num_logits   # rows a strategy padded the block with come last
+        return self.transport.gather_draft(prepared, hidden[:n], base[:n])
 
     def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
                     prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [N, V], confidence [N]) of one draft depth: block rows' hidden_pre and base logits
         and the previous token of each row's draft path. The heads are replicated on every rank, so
         only the driver runs them."""
-        return self.model.draft_heads(hidden, base, prev_ids)
+        return self.strategy.draft_heads(hidden, base, prev_ids)
 
     def warm_up(self) -> int:
         """Build every bucket's graph now (placeholder rows only); returns the number of graphs."""

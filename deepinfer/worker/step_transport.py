@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, step_to
+from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs
 from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
 from deepinfer.model_executor.static_step import Bucket
 
@@ -62,7 +62,8 @@ class SingleRankTransport:
         return PreparedStep(step, bucket, logit_rows(chunks))
 
     def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
-        step = step_to(draft_step_inputs(block, strategy.layout, noise_id), strategy.device)
+        padded = block.padded(strategy.draft_rows(len(block)))
+        step = strategy.draft_to_device(draft_step_inputs(padded, strategy.layout, noise_id))
         return PreparedStep(step, None, len(block) * block.block)
 
     def publish(self, prepared: PreparedStep) -> None:

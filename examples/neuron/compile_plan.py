@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     ec.resolve(cfg)
     platform = NeuronPlatform(host=True)
     platform.validate_config(ec, cfg)
-    plan = compile_plan(platform.bucket_spec(ec), config_layer_kinds(cfg), platform.region_split)
+    plan = compile_plan(platform.bucket_spec(ec), config_layer_kinds(cfg), platform.region_split,
+                        drafts=ec.num_speculative_tokens)
     print(plan.describe())
     for row in plan.buckets():
         print(f"  {row['step']:8s} {row['tokens']:6d} tokens  context {row['context']:7d}  "

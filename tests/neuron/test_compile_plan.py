@@ -43,28 +43,33 @@ def _default_plan(cfg, **engine):
     ec.resolve(cfg)
     p = NeuronPlatform(host=True)
     p.validate_config(ec, cfg)
-    return compile_plan(p.bucket_spec(ec), config_layer_kinds(cfg), p.region_split)
+    return compile_plan(p.bucket_spec(ec), config_layer_kinds(cfg), p.region_split, drafts=ec.num_speculative_tokens)
 
 
 def test_default_v41_flash_serving_config_compiles_at_most_64_graphs(defaults):
     """EngineConfig defaults (64 sequences, 2048-token steps, max_model_len 4096): 11 layer kinds over
-    40 layers, rows 8 and 64 whole, one 2048-token prompt bucket in three sub-regions, one context."""
+    40 layers, rows 8 and 64 whole, one 2048-token prompt bucket in three sub-regions, one context,
+    and each bucket's entry and exit graphs (the model's top level)."""
     cfg = _v41_flash()
     plan = _default_plan(cfg)
-    assert plan.graph_count == 55 <= 64
+    assert plan.graph_count == 55 + 6 <= 64
     assert len(plan.kinds) == 11 and sum(plan.layers_per_kind) == cfg.num_layers == 40
-    assert plan.counts("step") == {"decode": 22, "prefill": 33}
-    assert plan.counts("region") == {"attention": 11, "ffn": 11, "layer": 22, "projections": 11}
+    assert plan.counts("step") == {"decode": 22 + 4, "prefill": 33 + 2}
+    assert plan.counts("region") == {"attention": 11, "ffn": 11, "layer": 22, "projections": 11, "entry": 3,
+                                     "exit": 3}
     assert [(b["step"], b["tokens"], b["context"], b["regions"]) for b in plan.buckets()] == [
-        ("decode", 8, 4096, ["layer"]), ("decode", 64, 4096, ["layer"]),
-        ("prefill", 2048, 4096, list(SUB_REGIONS))]
-    assert json.loads(json.dumps(plan.to_dict()))["graph_count"] == 55
+        ("decode", 8, 4096, ["entry", "layer", "exit"]), ("decode", 64, 4096, ["entry", "layer", "exit"]),
+        ("prefill", 2048, 4096, ["entry", *SUB_REGIONS, "exit"])]
+    assert json.loads(json.dumps(plan.to_dict()))["graph_count"] == 61
     # the buckets the default no longer compiles: every power-of-two row count and context
     ladder = BucketSpec(batch=batch_buckets(64), contexts=None, prefill_tokens=(2048,), max_model_len=4096)
-    assert compile_plan(ladder, config_layer_kinds(cfg), "never").graph_count == 616
-    # speculative decoding adds a verification bucket per row bucket (8 x 6 and 64 x 6 tokens), split
+    # (+ an entry graph a bucket, an exit graph a token count)
+    assert compile_plan(ladder, config_layer_kinds(cfg), "never").counts("region") == {"layer": 616, "entry": 56, "exit": 8}
+    # speculative decoding adds a verification bucket per row bucket (8 x 6 and 64 x 6 tokens), split,
+    # with their entry and exit graphs, and a draft-block graph per row bucket
     spec = _default_plan(cfg, num_speculative_tokens=5)
-    assert spec.counts("step") == {"decode": 22, "prefill": 33, "verify": 66} and spec.graph_count == 121
+    assert spec.counts("step") == {"decode": 26, "prefill": 35, "verify": 66 + 4, "draft": 2}
+    assert spec.graph_count == 133
     # 8 x 6 and 64 x 6 verification tokens, padded to powers of two (§4 B3)
     assert [b["tokens"] for b in spec.buckets() if b["step"] == "verify"] == [64, 512]
 
@@ -129,8 +134,8 @@ def test_warm_up_compiles_the_plan_and_the_split_keeps_greedy_tokens(request, ki
         assert f"{plan.graph_count} region graphs to compile" in caplog.text
         assert s.runner.warm_up() == plan.graph_count
     kinds = regions.num_kinds
-    assert plan.graph_count == kinds * (1 + len(SUB_REGIONS))
-    assert dict(regions.stats.regions) == {"layer": kinds, **{r: kinds for r in SUB_REGIONS}}
+    assert plan.graph_count == kinds * (1 + len(SUB_REGIONS)) + 2 * 2   # + entry and exit of both buckets
+    assert dict(regions.stats.regions) == {"layer": kinds, **{r: kinds for r in SUB_REGIONS}, "entry": 2, "exit": 2}
     assert f"warm-up: {plan.graph_count} of the {plan.graph_count} planned region graphs" in caplog.text
     assert s.greedy(4) == golden
     assert regions.stats.total_graphs == plan.graph_count and s.strategy.eager_steps == 0
@@ -139,8 +144,9 @@ def test_warm_up_compiles_the_plan_and_the_split_keeps_greedy_tokens(request, ki
 def test_never_and_always_policies():
     spec = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=16)
     kinds = [("a",), ("b",), ("a",)]
-    assert compile_plan(spec, kinds, "never").counts("region") == {"layer": 4}
-    assert compile_plan(spec, kinds, "always").counts("region") == {r: 4 for r in sorted(SUB_REGIONS)}
+    top = {"entry": 2, "exit": 2}
+    assert compile_plan(spec, kinds, "never").counts("region") == {"layer": 4, **top}
+    assert compile_plan(spec, kinds, "always").counts("region") == {**{r: 4 for r in SUB_REGIONS}, **top}
     with pytest.raises(ValueError, match="multi_row"):
         RegionRunner("aot_eager", split="sometimes")
 
@@ -152,5 +158,5 @@ def test_plan_script_prints_and_writes_the_v41_flash_plan(defaults, tmp_path, ca
     spec.loader.exec_module(script)
     out = tmp_path / "plan.json"
     assert script.main(["--config", str(V41_FLASH), "--nextn", "5", "--json", str(out)]) == 0
-    assert "121 region graphs to compile" in capsys.readouterr().out
-    assert json.loads(out.read_text())["by_step"] == {"decode": 22, "prefill": 33, "verify": 66}
+    assert "133 region graphs to compile" in capsys.readouterr().out
+    assert json.loads(out.read_text())["by_step"] == {"decode": 26, "draft": 2, "prefill": 35, "verify": 70}

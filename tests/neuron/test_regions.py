@@ -1,5 +1,5 @@
 """Compiled layer regions (host mode, aot_eager): compiled == eager, one graph per (bucket, layer
-kind) whatever the number of layers, split regions and prompt-as-decode, and the CPU platform's
+kind) plus the step's entry and exit graphs a bucket, whatever the number of layers, split regions and prompt-as-decode, and the CPU platform's
 greedy tokens on both tiny checkpoints.
 
 Graphs are shared through one RegionRunner per model type (module scope): a runner's graphs serve
@@ -26,6 +26,7 @@ SPEC = {"v4": BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=16),
         "v41": BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None)}
 BUCKETS = {"v4": {(16, 64), (2, 64)}, "v41": {(2, 64)}}
 HOST = NeuronPlatform(host=True)
+TOP = 2   # graphs a bucket adds for the step's entry and exit regions (regions.TOP_REGIONS)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_compiled_regions_equal_eager(regions, kind, layers):
     assert regions[kind].num_kinds == kinds <= layers   # V4, 6 layers: 5 kinds; V4.1, 8 layers: 8
     # one graph per (bucket, layer kind), counted by Dynamo itself
     assert runner.buckets_seen == BUCKETS[kind]
-    n = len(BUCKETS[kind]) * kinds
+    n = len(BUCKETS[kind]) * (kinds + TOP)
     assert regions[kind].stats.total_graphs == n == counters["stats"]["unique_graphs"] - before
     assert not regions[kind].stats.fp8_sites and not regions[kind].stats.float8_sites
 
@@ -74,7 +75,7 @@ def test_compact_kv_records_compile_into_regions():
     model = tiny_model(tiny_config("v4"), HOST)
     compiled, runner = _logits("v4", model, dict(regions=RegionRunner("aot_eager")), kv_cache_mode="compact")
     eager, _ = _logits("v4", model, dict(compile=False), kv_cache_mode="compact")
-    assert runner.eager_steps == 0 and runner.num_graphs == len(BUCKETS["v4"]) * _kinds(model)
+    assert runner.eager_steps == 0 and runner.num_graphs == len(BUCKETS["v4"]) * (_kinds(model) + TOP)
     assert runner.regions.stats.float8_sites == []   # the record codecs are uint8 custom ops
     assert (compiled - eager).abs().max().item() < 1e-4
 
@@ -84,7 +85,7 @@ def test_warm_up_compiles_every_bucket_before_the_first_request():
     block 0 is written, and the real steps that follow compile nothing more and match eager."""
     model = tiny_model(tiny_config("v4"), HOST)
     s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=RegionRunner("aot_eager"))
-    assert s.runner.warm_up() == len(BUCKETS["v4"]) * _kinds(model)
+    assert s.runner.warm_up() == len(BUCKETS["v4"]) * (_kinds(model) + TOP)
     stores = [(f"swa{k}", t, 5) for k, t in s.cache.swa.items()] + \
         [(f"entries{k}", t, 48) for k, t in s.cache.entries.items()]
     for name, t, owners in stores:   # 5 state slots / 48 blocks; slot 0 and block 0 are scratch
@@ -109,7 +110,7 @@ def test_graph_count_does_not_grow_with_layers(regions, kind):
     eager, _ = _logits(kind, model, dict(compile=False), steps=3)
     assert (compiled - eager).abs().max().item() < 1e-4
     assert counters["stats"]["unique_graphs"] == before
-    assert regions[kind].stats.total_graphs == graphs == len(BUCKETS[kind]) * regions[kind].num_kinds
+    assert regions[kind].stats.total_graphs == graphs == len(BUCKETS[kind]) * (regions[kind].num_kinds + TOP)
 
 
 def test_split_regions_run_a_prompt_as_a_decode_shaped_step():
@@ -123,7 +124,7 @@ def test_split_regions_run_a_prompt_as_a_decode_shaped_step():
     sizes = {0: len(PROMPTS[0]), 1: len(PROMPTS[1])}
     got, want = s.step(sizes), ref.step(sizes)
     assert (got - want).abs().max().item() < 1e-4
-    assert split.stats.total_graphs == 3 * _kinds(model) and s.strategy.buckets_seen == {(16, 64)}
+    assert split.stats.total_graphs == 3 * _kinds(model) + TOP and s.strategy.buckets_seen == {(16, 64)}
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])
@@ -170,3 +171,20 @@ def test_int64_constants_outside_int32_are_flagged():
 
     f(torch.tensor([1, -2]))
     assert int64_constant_sites(graphs[0]) == [f"full_like({torch.iinfo(torch.long).max})"]
+
+
+def test_a_step_wanting_more_logits_rows_than_the_exit_holds_runs_its_exit_eagerly(regions):
+    """Prompt logprobs: a chunk scoring all its 11 tokens wants more rows than the prefill bucket's
+    compiled exit (one a sequence, compile_plan.exit_logits_rows): the exit runs eagerly, the rows
+    equal eager, and no graph is added."""
+    import dataclasses
+    model = tiny_model(tiny_config("v4", 6), HOST)
+    s = Seqs(model, NeuronRegionStrategy, PROMPTS, platform=HOST, buckets=SPEC["v4"], regions=regions["v4"])
+    ref = Seqs(model, EagerStrategy, PROMPTS)
+    s.step({0: 3})   # the prompt bucket's graphs, compiled by a plain step
+    ref.step({0: 3})
+    graphs = regions["v4"].stats.total_graphs
+    got, want = (x.runner.run([dataclasses.replace(x.chunk(0, 8), num_logits=8)]).logits for x in (s, ref))
+    assert got.shape == want.shape == (8, model.cfg.vocab_size)
+    assert (got - want).abs().max().item() < 1e-4
+    assert regions["v4"].stats.total_graphs == graphs

@@ -22,7 +22,8 @@ from deepinfer.model_executor.layers.rope import RotaryEmbedding
 from deepinfer.model_executor.layers.vocab_parallel import VocabShard
 from deepinfer.model_executor.models import dspark_draft
 from deepinfer.model_executor.models.v4_attention import Attention
-from deepinfer.model_executor.models.v4_common import LayerIO, ModelCache, Norm, StepContext, f32_param, linear
+from deepinfer.model_executor.models.v4_common import (LayerIO, ModelCache, Norm, StepContext, f32_param, linear,
+                                                        rope_tables)
 from deepinfer.model_executor.models.v4_ffn import Engram, MoE
 from deepinfer.model_executor.shard_plan import ShardPlan
 
@@ -232,20 +233,33 @@ class DeepseekV4Model(nn.Module):
         """Returns fp32 logits [len(step.logits_indices), vocab].
 
         run_layer(layer, x, prev_pre, ctx, io) -> (x, pre) replaces the plain layer call; graph
-        runners pass compiled layer regions here (the top level stays eager)."""
-        return self.compute_logits(self.hidden_states(step, cache, run_layer))
+        runners pass compiled layer regions here and run `begin` / `finish` as regions of their own
+        (worker/runners/neuron_regions.py)."""
+        x, prev_pre, tables = self.begin(step, cache)
+        ctx = StepContext(self, step, cache, tables)
+        return self.finish(self.run_layers(x, prev_pre, ctx, run_layer), ctx)
 
     def hidden_states(self, step: StepInputs, cache: ModelCache, run_layer=None) -> torch.Tensor:
+        x, prev_pre, tables = self.begin(step, cache)
+        ctx = StepContext(self, step, cache, tables)
+        return self.final_hidden(*self.run_layers(x, prev_pre, ctx, run_layer), ctx)
+
+    def begin(self, step: StepInputs, cache: ModelCache):
+        """The step's entry: prefix-state restores, the embedding spread over the HC streams, the
+        initial pre weights and the RoPE tables (`rope_tables`): (x, prev_pre, tables)."""
         cfg = self.cfg
         if step.prefix is not None:
             prefix_state.restore(step.prefix, cache)
-        ctx = StepContext(self, step, cache)
         e = self.embed.weight[step.input_ids]
         x = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
         prev_pre = None
         if cfg.hc_shifted:
             prev_pre = torch.zeros(x.shape[0], cfg.hc_mult, dtype=torch.float32, device=x.device)
             prev_pre[:, 0] = 1.0
+        return x, prev_pre, rope_tables(self, step)
+
+    def run_layers(self, x, prev_pre, ctx: StepContext, run_layer=None):
+        """The decoder layers (eager loop: LayerIO per layer), then the draft-distillation capture."""
         for layer in self.layers:
             io = layer.layer_io(ctx)
             if run_layer is None:
@@ -253,10 +267,19 @@ class DeepseekV4Model(nn.Module):
             else:
                 x, prev_pre = run_layer(layer, x, prev_pre, ctx, io)
             layer.collect(io, ctx)
-        if self.writes_draft_keys:
-            dspark_draft.write_main_keys(self, ctx)
         if self.target_capture is not None:  # draft distillation (examples/tools/distill_tiny_drafts.py)
             self.target_capture.append(dspark_draft.target_features(self, ctx))
+        return x, prev_pre
+
+    def finish(self, state, ctx: StepContext) -> torch.Tensor:
+        """The step's exit, from the last layer's (x, prev_pre): the draft layers' main keys (when
+        drafting), the logits rows' HC collapse and final norm, the LM head."""
+        return self.compute_logits(self.final_hidden(*state, ctx))
+
+    def final_hidden(self, x, prev_pre, ctx: StepContext) -> torch.Tensor:
+        cfg, step = self.cfg, ctx.step
+        if self.writes_draft_keys:
+            dspark_draft.write_main_keys(self, ctx)
         x = x[step.logits_indices]
         if cfg.hc_shifted:
             h = self.kernels.hc_pre(x, prev_pre[step.logits_indices])

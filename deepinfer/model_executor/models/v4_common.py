@@ -49,18 +49,19 @@ class CacheFormats:
 class StepContext:
     """Per-forward values shared across layers: RoPE tables, top-k reuse, YOCO shared hidden.
 
-    Everything position- or layer-dependent is computed here, eagerly, before the layer loop (RoPE
-    tables; the Engram rows come with the step), so layer code only reads it: compiled layer regions then see the same
+    Everything position- or layer-dependent is computed here, before the layer loop (RoPE tables, in
+    the step's compiled entry region under Neuron regions; the Engram rows come gathered with the step),
+    so layer code only reads it: compiled layer regions then see the same
     Python state for every layer of a kind (docs/neuron.md §4 F1)."""
 
-    def __init__(self, model: nn.Module, step: StepInputs, cache: ModelCache):
-        """model: the DeepseekV4Model running the step (not imported here: that module imports this one)."""
+    def __init__(self, model: nn.Module, step: StepInputs, cache: ModelCache, tables=None):
+        """model: the DeepseekV4Model running the step (not imported here: that module imports this one);
+        tables: the step's `rope_tables` when a compiled entry region computed them already."""
         self.step = step
         self.cache = cache
         self.model = model
         self.k = model.kernels
-        self._rope = {kind: rot.cos_sin(step.positions) for kind, rot in model.rotary.items()}
-        self._entry_rope = {key: model.rotary["compress"].cos_sin(meta.entry_pos) for key, meta in step.comp.items()}
+        self._rope, self._entry_rope = tables if tables is not None else rope_tables(model, step)
         # Engram rows arrive gathered: the int64 hash and the table fetch ran on the host before the
         # step was copied in (layers/engram_host.py; docs/neuron.md §4 A4/A5, §5.9)
         self.engram_rows: dict[int, torch.Tensor] = layer_rows(model, step)
@@ -76,6 +77,13 @@ class StepContext:
     def entry_rope(self, comp_key):
         """cos/sin (compress) of the positions of the entries a compressor writes this step."""
         return self._entry_rope[comp_key]
+
+
+def rope_tables(model: nn.Module, step: StepInputs) -> tuple[dict, dict]:
+    """cos/sin of the step's token positions per rotary kind, and of each compressor's new entries."""
+    rope = {kind: rot.cos_sin(step.positions) for kind, rot in model.rotary.items()}
+    entry = {key: model.rotary["compress"].cos_sin(meta.entry_pos) for key, meta in step.comp.items()}
+    return rope, entry
 
 
 @dataclass

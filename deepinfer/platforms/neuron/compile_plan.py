@@ -4,6 +4,10 @@ A region graph is one (region, layer kind, token count, context bucket): the buc
 BucketSpec (what warm-up walks), the regions of a bucket from the split policy (neuron_ops/regions.py
 `regions_of_step`), the layer kinds from the model's layers, or from the config alone
 (`config_layer_kinds`, no model build), so the count of a full-size config is a test, not a run.
+The model's top level adds, per bucket, an "entry" graph (its inputs' sizes depend on the tokens and
+the context) and an "exit" graph (tokens and the fixed logits rows only), and with speculative
+decoding a "draft" graph per row bucket (a draft block's window attention reads no context table);
+their `kind` is TOP_KIND.
 """
 from __future__ import annotations
 
@@ -16,14 +20,16 @@ import torch
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.neuron_ops.regions import kind_key, regions_of_step
 
+TOP_KIND = -1   # PlannedGraph.kind of the top-level regions (regions.TOP_REGIONS)
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PlannedGraph:
-    region: str     # regions.WHOLE or regions.SUB_REGIONS name
-    kind: int       # index into CompilePlan.kinds
-    step: str       # decode | verify | prefill
+    region: str     # regions.WHOLE, regions.SUB_REGIONS or regions.TOP_REGIONS name
+    kind: int       # index into CompilePlan.kinds (TOP_KIND for the top level)
+    step: str       # decode | verify | prefill | draft
     tokens: int
     context: int
 
@@ -38,6 +44,11 @@ class CompilePlan:
     @property
     def graph_count(self) -> int:
         return len(self.graphs)
+
+    spec: BucketSpec | None = None
+
+    def step_of(self, bucket: Bucket) -> str:
+        return step_class(bucket, self.spec)
 
     def counts(self, field: str) -> dict:
         """Graphs per value of one PlannedGraph field (region, step, tokens, context), sorted."""
@@ -79,10 +90,21 @@ def step_class(bucket: Bucket, spec: BucketSpec) -> str:
     return "prefill"
 
 
-def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str) -> CompilePlan:
+def exit_logits_rows(bucket: Bucket, spec: BucketSpec) -> int:
+    """The fixed logits rows of a bucket's compiled exit: every token of a decode or verification
+    bucket; in a prompt bucket one a sequence (each with its verification rows), not every prompt
+    token (a 2048-row LM head would be computed for the few rows sampled). A step wanting more (prompt
+    logprobs) runs its exit eagerly."""
+    if step_class(bucket, spec) != "prefill":
+        return bucket.num_tokens
+    return min(bucket.num_tokens, max(spec.batch) * max(1, spec.verify_tokens))
+
+
+def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts: int = 0) -> CompilePlan:
     """Every region graph warm-up compiles for these buckets, layer kinds (one per decoder layer, in
-    layer order) and split policy. Graphs are unique per (region, kind, tokens, context): two buckets
-    of one shape share their graphs, as Dynamo shares them."""
+    layer order), split policy and draft block length (0: no speculative decoding). Graphs are unique
+    per (region, kind, tokens, context): two buckets of one shape share their graphs, as Dynamo shares
+    them."""
     kinds: list[tuple] = []
     for key in layer_kinds:
         if key not in kinds:
@@ -91,11 +113,17 @@ def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str) -> Comp
     seen: dict[tuple, PlannedGraph] = {}
     for bucket in spec.all_buckets():
         step = step_class(bucket, spec)
-        for region in regions_of_step(split, bucket.num_seqs, bucket.num_tokens):
+        t, c = bucket.num_tokens, bucket.context
+        seen.setdefault(("entry", TOP_KIND, t, c), PlannedGraph("entry", TOP_KIND, step, t, c))
+        for region in regions_of_step(split, bucket.num_seqs, t):
             for k in range(len(kinds)):
-                seen.setdefault((region, k, bucket.num_tokens, bucket.context),
-                                PlannedGraph(region, k, step, bucket.num_tokens, bucket.context))
-    return CompilePlan(tuple(seen.values()), tuple(kinds), tuple(per_kind[k] for k in range(len(kinds))), split)
+                seen.setdefault((region, k, t, c), PlannedGraph(region, k, step, t, c))
+        rows = exit_logits_rows(bucket, spec)
+        seen.setdefault(("exit", TOP_KIND, t, rows), PlannedGraph("exit", TOP_KIND, step, t, c))
+    for rows in spec.batch if drafts else ():
+        seen.setdefault(("draft", TOP_KIND, rows * drafts), PlannedGraph("draft", TOP_KIND, "draft", rows * drafts, 0))
+    return CompilePlan(tuple(seen.values()), tuple(kinds), tuple(per_kind[k] for k in range(len(kinds))), split,
+                       spec)
 
 
 def config_layer_kinds(cfg) -> list[tuple]:

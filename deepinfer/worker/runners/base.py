@@ -56,6 +56,22 @@ class RunnerStrategy:
         """Logits of every row of `step` (padding rows included)."""
         raise NotImplementedError
 
+    def draft_rows(self, rows: int) -> int:
+        """Rows a DSpark draft block of `rows` sequences runs as (placeholder rows pad the rest)."""
+        return rows
+
+    def draft_to_device(self, step: StepInputs):
+        """A draft block's host-built inputs where `forward_draft` reads them."""
+        return step_to(step, self.device)
+
+    def forward_draft(self, step, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden_pre, base logits) of every row of a draft block (padding rows included)."""
+        return self.model.draft(step, cache)
+
+    def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor, prev_ids: torch.Tensor):
+        """(logits, confidence) of one draft depth (models/dspark_draft.py draft_heads)."""
+        return self.model.draft_heads(hidden, base, prev_ids)
+
     def warm_up(self, cache) -> int:
         """Build every bucket's graph now, from placeholder rows (scratch slot / block only); returns
         the number of graphs this strategy holds. The eager strategy has none."""

@@ -2,25 +2,64 @@
 
 Per step: pick a bucket (model_executor/static_step.py BucketSpec), pad the chunks with placeholder rows
 (scratch slot 0 / block 0), build StepInputs on the host and give every data-dependent length a
-static size (BucketSpec.static_step), copy the metadata to the device once, then run the model with
-its decoder layers as compiled regions (neuron_ops/regions.py); the top level (embedding, head) stays
-eager. One graph per (token bucket, context bucket), layer kind and region (a multi-row step may run
-a layer as several sub-regions: the split policy). A step that fits no bucket runs eagerly, unpadded.
-The graphs to compile are counted and logged before any is (platforms/neuron/compile_plan.py).
+static size (BucketSpec.static_step), pack the metadata into one buffer and copy it to the device once
+(model_executor/step_pack.py), then run the model as compiled regions (neuron_ops/regions.py): the
+step's entry (unpacking, prefix restores, embedding, RoPE tables), each decoder layer, the step's exit
+(draft main keys, HC collapse, final norm, LM head over a fixed count of logits rows); a DSpark draft
+block runs as one region of its own, its rows padded to a row bucket. One graph per (token bucket,
+context bucket), layer kind and region (a multi-row step may run a layer as several sub-regions: the
+split policy). A step that fits no bucket runs eagerly, unpadded; so does the exit of a step with more
+logits rows than its bucket's fixed count (prompt logprobs). The graphs to compile are counted and
+logged before any is (platforms/neuron/compile_plan.py). `census` (neuron_ops/op_census.py), when set,
+counts what runs outside the regions and the copies, a step at a time.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
+from deepinfer.model_executor import step_pack
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
+from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_forward, draft_step_inputs
+from deepinfer.model_executor.models.v4_common import StepContext
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.platforms.neuron import compile_cache
+from deepinfer.platforms.neuron.compile_plan import exit_logits_rows
 from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PackedStep:
+    """A bucketed step on the device: one int64 buffer and its StepLayout (model_executor/step_pack.py)."""
+    buf: torch.Tensor
+    layout: tuple
+    compiled_exit: bool   # its logits rows are the bucket's fixed count (else the exit runs eagerly)
+    # a step wanting more logits rows than that count: its rows, copied apart, so that the buffer keeps
+    # the bucket's layout (and the entry graph)
+    logits_indices: torch.Tensor | None = None
+
+
+def _entry(model, buf, layout, cache):
+    step = step_pack.unpack(buf, layout)
+    x, prev_pre, tables = model.begin(step, cache)
+    return step_pack.leaves(step), x, prev_pre, tables
+
+
+def _exit(model, state, ctx):
+    return model.finish(state, ctx)
+
+
+def _draft(model, buf, layout, cache):
+    """A draft block's rows as one fp32 tensor [hidden_pre | base logits] (one copy back)."""
+    hidden, base = draft_forward(model, step_pack.unpack(buf, layout), cache)
+    return torch.cat([hidden.float(), base], dim=1)
 
 
 class NeuronRegionStrategy(RunnerStrategy):
@@ -42,11 +81,17 @@ class NeuronRegionStrategy(RunnerStrategy):
             self.fp8_guard = Fp8Guard()
         self._fp8_logged: set[str] = set()
         self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
+        self.census = None   # an OpCensus (neuron_ops/op_census.py) to count eager ops and copies
+        # RoPE keeps its inverse frequencies per device, made on first use: make them now, so the entry
+        # region's first trace does not guard on that cache being empty (and retrace on the next step)
+        for rot in getattr(model, "rotary", {}).values():
+            rot.cos_sin(torch.zeros(0, dtype=torch.long, device=platform.device))
         self.plan = None
         if self.regions is not None:
             from deepinfer.neuron_ops.regions import layer_kind
             from deepinfer.platforms.neuron.compile_plan import compile_plan
-            self.plan = compile_plan(buckets, [layer_kind(layer) for layer in model.layers], self.regions.split)
+            self.plan = compile_plan(buckets, [layer_kind(layer) for layer in model.layers], self.regions.split,
+                                     drafts=self.drafts)
             # one line a host: every rank of it compiles the same plan
             log = logger.info if getattr(platform, "rank", 0) == 0 else logger.debug
             log("Neuron compile plan: %s", self.plan.describe())
@@ -54,14 +99,125 @@ class NeuronRegionStrategy(RunnerStrategy):
     def select_bucket(self, chunks: list[SeqChunk]) -> Bucket | None:
         return self.buckets.select(chunks)
 
+    @property
+    def drafts(self) -> int:
+        """B: the DSpark draft block's tokens per row (the verification rows' 1 + B, less one)."""
+        return max(0, self.buckets.verify_tokens - 1)
+
     def prepare_host(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
         bucket = self.select_bucket(chunks)
-        step = (build_step_inputs(chunks, self.layout) if bucket is None
-                else self.buckets.static_step(chunks, bucket, self.layout))
+        if bucket is None:
+            return build_step_inputs(chunks, self.layout), None
+        rows = exit_logits_rows(bucket, self.buckets)
+        wanted = sum(min(c.num_logits, c.num_new) for c in chunks)
+        step = self.buckets.static_step(chunks, bucket, self.layout, logits_rows=rows if wanted <= rows else None)
         return step, bucket
 
-    def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
-        return step_to(host_inputs(self.model, step), self.platform.device)
+    def to_device(self, step: StepInputs, bucket: Bucket | None):
+        # the Engram hash and row fetch are host work: before the census opens the step's device count
+        step = host_inputs(self.model, step)
+        if self.census is not None:
+            self.census.open_step("eager" if bucket is None else
+                                  f"{self.plan.step_of(bucket) if self.plan else 'step'} {bucket.num_tokens}x{bucket.context}")
+            self.census.phase("step")
+        if bucket is None or self.regions is None:
+            self._copied(len(step_pack.leaves(step)))
+            return step_to(step, self.platform.device)
+        rows = exit_logits_rows(bucket, self.buckets)
+        if step.logits_indices.numel() == rows:
+            return self._packed(step, True)
+        extra = step.logits_indices
+        self._copied(1)
+        placeholder = torch.zeros(rows, dtype=extra.dtype)
+        return dataclasses.replace(self._packed(dataclasses.replace(step, logits_indices=placeholder), False),
+                                   logits_indices=extra.to(self.platform.device, non_blocking=True))
+
+    def _packed(self, step: StepInputs, compiled_exit: bool) -> PackedStep:
+        buf, layout = step_pack.pack(step)
+        self._copied(1)
+        return PackedStep(buf.to(self.platform.device, non_blocking=True), layout, compiled_exit)
+
+    def _copied(self, n: int) -> None:
+        if self.census is not None:
+            self.census.host_to_device(n)
+
+    def _returned(self, n: int) -> None:
+        if self.census is not None:
+            self.census.device_to_host(n)
+
+    @contextlib.contextmanager
+    def _counting(self):
+        """The census (and the fp8 guard) active for eager code; region calls pop them (`_region`)."""
+        with contextlib.ExitStack() as stack:
+            if self.fp8_guard is not None:
+                stack.enter_context(self.fp8_guard)
+            if self.census is not None:
+                stack.enter_context(self.census)
+            yield
+        if self.fp8_guard is not None:
+            self._log_new_fp8_sites()
+
+    def _outside(self):
+        """Pops what `_counting` pushed, around a compiled region call."""
+        stack = contextlib.ExitStack()
+        if self.census is not None:
+            stack.enter_context(self.census.paused())
+        if self.fp8_guard is not None:
+            from torch.overrides import _pop_mode_temporarily
+            stack.enter_context(_pop_mode_temporarily())
+        return stack
+
+    def _region(self, name: str, fn, *args):
+        with self._outside():
+            return self.regions.run_top(name, fn, *args)
+
+    def _hook(self, run_layer):
+        if run_layer is None:
+            return None
+
+        def call(*args):
+            with self._outside():
+                return run_layer(*args)
+        return call
+
+    # -- DSpark draft blocks ------------------------------------------------------------------
+    def draft_rows(self, rows: int) -> int:
+        """Rows a draft block of `rows` sequences runs as: the smallest row bucket that holds them."""
+        if self.regions is None:
+            return rows
+        fits = [b for b in self.buckets.batch if b >= rows]
+        return min(fits) if fits else rows
+
+    def draft_to_device(self, step: StepInputs):
+        if self.census is not None:
+            self.census.phase("draft")
+        rows = step.input_ids.numel() // max(1, self.drafts)
+        if self.regions is None or self.drafts == 0 or rows not in self.buckets.batch:
+            self._copied(len(step_pack.leaves(step)))
+            return step_to(step, self.platform.device)
+        return self._packed(dataclasses.replace(step, static_shapes=True), True)
+
+    @torch.inference_mode()
+    def forward_draft(self, step, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._counting():
+            if isinstance(step, PackedStep):
+                rows = self._region("draft", _draft, self.model, step.buf, step.layout, cache)
+                d = self.model.cfg.hidden_size
+                hidden, base = rows[:, :d].to(self.model.dtype), rows[:, d:]
+                self._returned(1)
+            else:
+                hidden, base = self.model.draft(step, cache)
+                self._returned(2)
+        return hidden, base
+
+    def draft_heads(self, hidden, base, prev_ids):
+        """The per-depth Markov and confidence heads run eagerly (the sampler between depths is on the host)."""
+        if self.census is not None:
+            self.census.phase("heads")
+        with self._counting():
+            out = self.model.draft_heads(hidden, base, prev_ids)
+            self._returned(len(out))
+        return out
 
     @torch.inference_mode()
     def warm_up(self, cache) -> int:
@@ -74,8 +230,13 @@ class NeuronRegionStrategy(RunnerStrategy):
         cache_dir = getattr(self.platform, "compile_cache_dir", None)
         neffs = compile_cache.neff_files(cache_dir)
         for bucket in self.buckets.all_buckets():
-            step = self.buckets.static_step([], bucket, self.layout)
+            step = self.buckets.static_step([], bucket, self.layout, logits_rows=exit_logits_rows(bucket, self.buckets))
             self.forward(self.to_device(step, bucket), cache, bucket)
+        if self.drafts and hasattr(self.model, "mtp"):
+            noise = int(self.model.cfg.dspark_noise_token_id)
+            for rows in self.buckets.batch:
+                block = DraftBlock([], [], [], self.drafts).padded(rows)
+                self.forward_draft(self.draft_to_device(draft_step_inputs(block, self.layout, noise)), cache)
         self._log_warm_up(self.num_graphs - before, time.perf_counter() - t0, cache_dir, neffs)
         return self.num_graphs
 
@@ -99,7 +260,9 @@ class NeuronRegionStrategy(RunnerStrategy):
             logger.info("warm-up: the compile cache %s gained %d NEFF files (graphs neuronx-cc compiled); "
                         "%d traced graphs were served without a new NEFF", cache_dir, added, max(0, compiled - added))
 
-    def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
+    @torch.inference_mode()
+    def forward(self, step, cache, bucket: Bucket | None) -> torch.Tensor:
+        """step: a PackedStep (bucketed, compiled) or a StepInputs (`to_device` of an eager step)."""
         if bucket is None:
             self.eager_steps += 1
             if self.eager_steps == 1:
@@ -109,16 +272,28 @@ class NeuronRegionStrategy(RunnerStrategy):
             self.buckets_seen.add((bucket.num_tokens, bucket.context))
             run_layer = None if self.regions is None else self.regions.hook(bucket.num_seqs, bucket.num_tokens)
         graphs_before, t0 = self.num_graphs, time.perf_counter()
-        if self.fp8_guard is None:
-            logits = self.model(step, cache, run_layer=run_layer)
-        else:
-            with self.fp8_guard:
-                logits = self.model(step, cache, run_layer=_outside_mode(run_layer))
-            self._log_new_fp8_sites()
+        with self._counting():
+            if isinstance(step, PackedStep):
+                logits = self._compiled_forward(step, cache, self._hook(run_layer))
+            else:
+                logits = self.model(step, cache, run_layer=self._hook(run_layer))
+            self._returned(1)
         if self.num_graphs > graphs_before:   # only a bucketed step compiles regions
             logger.info("compiled %d region graphs for a step of %d tokens, context %d, in %.2f s (with its run)",
                         self.num_graphs - graphs_before, bucket.num_tokens, bucket.context, time.perf_counter() - t0)
-        return logits if logits.device.type == "cpu" else logits.cpu()
+        return logits if logits.device.type in ("cpu", "meta") else logits.cpu()   # meta: the device report
+
+    def _compiled_forward(self, packed: PackedStep, cache, run_layer) -> torch.Tensor:
+        model = self.model
+        tensors, x, prev_pre, tables = self._region("entry", _entry, model, packed.buf, packed.layout, cache)
+        step = step_pack.rebuild(packed.layout, tensors)
+        if packed.logits_indices is not None:
+            step = dataclasses.replace(step, logits_indices=packed.logits_indices)
+        ctx = StepContext(model, step, cache, tables)
+        state = model.run_layers(x, prev_pre, ctx, run_layer)
+        if packed.compiled_exit:
+            return self._region("exit", _exit, model, state, ctx)
+        return model.finish(state, ctx)
 
     def _log_new_fp8_sites(self) -> None:
         for line in self.fp8_sites():
@@ -138,16 +313,3 @@ class NeuronRegionStrategy(RunnerStrategy):
     def num_graphs(self) -> int:
         """Region graphs compiled by this runner so far."""
         return 0 if self.regions is None else self.regions.stats.total_graphs
-
-
-def _outside_mode(run_layer):
-    """Call compiled regions with the guard's TorchFunctionMode popped (Dynamo would trace the mode;
-    region graphs are checked by graph_fp8_sites instead)."""
-    if run_layer is None:
-        return None
-
-    def call(*args):
-        from torch.overrides import _pop_mode_temporarily
-        with _pop_mode_temporarily():
-            return run_layer(*args)
-    return call
