@@ -38,6 +38,8 @@ def pack(step: StepInputs) -> tuple[torch.Tensor, tuple]:
 
     def walk(v, path: str):
         if isinstance(v, torch.Tensor):
+            if v.is_meta:   # rows of a shape-only model's tables (the full-scale reports): no values, same size
+                v = torch.zeros(v.shape, dtype=v.dtype)
             if v.dtype in _FLOAT_BITS:
                 flat = v.reshape(-1).view(_FLOAT_BITS[v.dtype]).to(torch.int64)
                 node = ("f", offset[0], flat.numel(), tuple(v.shape), v.dtype)

@@ -136,7 +136,7 @@ def speculative_census(strategy, cache, rows: int):
     from deepinfer.model_executor.static_step import Bucket
     from deepinfer.platforms.neuron.compile_plan import exit_logits_rows
     spec, b = strategy.buckets, strategy.drafts
-    verify = Bucket(rows, rows * (1 + b), max(spec.context_ladder()))
+    verify = Bucket(rows, spec.verify_bucket_tokens(rows), max(spec.context_ladder()))
     step = spec.static_step([], verify, strategy.layout, logits_rows=exit_logits_rows(verify, spec))
     strategy.forward(strategy.to_device(step, verify), cache, verify)
     block = DraftBlock([], [], [], b).padded(rows)

@@ -203,7 +203,8 @@ class NeuronRegionStrategy(RunnerStrategy):
             if isinstance(step, PackedStep):
                 rows = self._region("draft", _draft, self.model, step.buf, step.layout, cache)
                 d = self.model.cfg.hidden_size
-                hidden, base = rows[:, :d].to(self.model.dtype), rows[:, d:]
+                # a vocabulary-split head's slice leaves the CP group whole, as model.draft's does
+                hidden, base = rows[:, :d].to(self.model.dtype), self.model.full_logits(rows[:, d:])
                 self._returned(1)
             else:
                 hidden, base = self.model.draft(step, cache)
