@@ -55,6 +55,7 @@ SLOW = {
     "process/test_server_shutdown.py": 58,
     "process/test_soak.py": 48,
     "process/test_bench_neuron.py::test_server_matrix": 7,
+    "process/test_bench_prompts_file.py::test_offline_cell_runs_the_files_prompts": 46,   # at load ~15
     # rank liveness: the idle SIGKILL through LLM and the engine loop's policy (fake engine) stay fast
     "process/test_rank_liveness.py::test_llm_follower_stopped_mid_generation_is_named_hung": 25,
     "process/test_rank_liveness.py::test_llm_follower_on_other_host_killed_while_idle": 20,
