@@ -3,10 +3,10 @@ greedy answers out, and how many were right.
 
     python examples/offline_inference.py --model checkpoints/trained-v41 [--per-kind 3] [--long 1]
 
-`make run` expands the committed trained V4.1 artifact (examples/artifacts/, written by
-examples/train_tiny.py) and runs this on held-out prompts of each kind of docs/tiny_language.md
-(count, copy, lookup, and --long prompts of long lookup, 1,000-4,000 tokens each). A random tiny
-checkpoint (examples/tools/make_tiny_checkpoint.py) answers almost none of them.
+`make run` runs this on held-out prompts of each kind of docs/tiny_language.md (count, copy,
+lookup, and --long prompts of long lookup, 1,000-4,000 tokens each) with the trained V4.1
+checkpoint expanded from examples/artifacts/trained-v41.safetensors when that artifact is committed
+(examples/train_tiny.py writes it), else with the random tiny checkpoint, which answers none.
 Set DEEPINFER_ACCELERATOR=neuron to run the Neuron platform (host mode without a device).
 """
 

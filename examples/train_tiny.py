@@ -116,15 +116,40 @@ def language_token_ids(tok) -> list[int]:
 # data
 # ---------------------------------------------------------------------------------------------
 
-def training_batch(tok, rng: random.Random, batch: int, seq_len: int) -> list[list[int]]:
-    """`batch` documents of whole lines after BOS, each cut to `seq_len` + 1 tokens (a document starts
-    at a line start, as the prompts do)."""
+# Line kinds of the training documents and their shares: a lookup line is ~70 tokens for one
+# determined answer token, a count or copy line ~20 tokens of which about half are determined, so
+# lookups get a small share of the lines (their tokens are still a large share of the tokens).
+TRAIN_KINDS = ("count", "copy", "lookup")
+TRAIN_SHARES = (0.45, 0.45, 0.10)
+FREE_WEIGHT = 0.1   # loss weight of tokens the rules do not determine (random words, starts, keys)
+
+
+def line_parts(rng: random.Random, kind: str) -> tuple[str, str]:
+    """(free part, determined part) of one line: what a rule fixes is the count after its second
+    number, the copy after ` =`, the lookup's value after ` ->` (with the newline)."""
+    text = lang.line(rng, kind)
+    if kind == "count":
+        head, nums = text.split(": ", 1)
+        nums = nums.split(" ")
+        return f"{head}: {nums[0]} {nums[1]}", " " + " ".join(nums[2:])
+    cut = text.index(" =") + 2 if kind == "copy" else text.index(" ->") + 3
+    return text[:cut], text[cut:]
+
+
+def training_batch(tok, rng: random.Random, batch: int, seq_len: int) -> list[tuple[list[int], list[float]]]:
+    """`batch` documents of whole lines after BOS, each cut to `seq_len` + 1 tokens (a document
+    starts at a line start, as the prompts do), with each token's loss weight: 1 where the rules
+    determine the token, FREE_WEIGHT elsewhere."""
     out = []
     for _ in range(batch):
         ids: list[int] = [BOS]
+        weights: list[float] = [FREE_WEIGHT]
         while len(ids) < seq_len + 1:
-            ids += tok.encode(lang.line(rng, rng.choice(lang.KINDS[:3]))).ids
-        out.append(ids[: seq_len + 1])
+            free, fixed = line_parts(rng, rng.choices(TRAIN_KINDS, TRAIN_SHARES)[0])
+            a, b = tok.encode(free).ids, tok.encode(fixed).ids
+            ids += a + b
+            weights += [FREE_WEIGHT] * len(a) + [1.0] * len(b)
+        out.append((ids[: seq_len + 1], weights[: seq_len + 1]))
     return out
 
 
@@ -204,11 +229,11 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="directory of the trained checkpoint")
     ap.add_argument("--artifact", default=None, help="also write the compact artifact here (a .safetensors path)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=70)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=160)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--draft-steps", type=int, default=150)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--draft-steps", type=int, default=30)
     ap.add_argument("--draft-batch", type=int, default=24)
     # one thread: on a shared, loaded machine two OpenMP threads wait on each other (small ops ran
     # 15-80x slower with 2 threads than with 1 at a load of 10 on 2 cores, measured)
@@ -239,19 +264,21 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     t1 = time.perf_counter()
     try:
         for it in range(args.steps):
-            seqs = training_batch(tok, rng, args.batch, args.seq_len)
-            target = remap[torch.tensor([s[1:] for s in seqs]).reshape(-1)]
-            h = step_hidden(model, worker, [s[:-1] for s in seqs])
+            batch = training_batch(tok, rng, args.batch, args.seq_len)
+            target = remap[torch.tensor([s[1:] for s, _ in batch]).reshape(-1)]
+            weight = torch.tensor([w[1:] for _, w in batch]).reshape(-1)
+            h = step_hidden(model, worker, [s[:-1] for s, _ in batch])
             logits = h @ head_rows.t() + rest_bias
-            loss = torch.nn.functional.cross_entropy(logits, target)
+            loss = (torch.nn.functional.cross_entropy(logits, target, reduction="none") * weight).sum() / weight.sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             if it % 10 == 0 or it == args.steps - 1:
-                acc = (logits.detach().argmax(-1) == target).float().mean()
-                log(f"step {it:4d} loss {float(loss.detach()):.3f} token acc {float(acc):.3f} "
+                hit = (logits.detach().argmax(-1) == target).float()
+                acc = (hit * (weight == 1)).sum() / (weight == 1).sum()
+                log(f"step {it:4d} loss {float(loss.detach()):.3f} determined-token acc {float(acc):.3f} "
                     f"{time.perf_counter() - t1:.0f} s")
     finally:
         model.embed = real_embed
@@ -272,7 +299,7 @@ def distill_drafts(model, worker, tok, used, args, log) -> None:
     import distill_tiny_drafts as distill
     cfg = model.cfg
     rng = random.Random(f"drafts/{args.seed}")
-    seqs = training_batch(tok, rng, 48, 96)
+    seqs = [ids for ids, _ in training_batch(tok, rng, 48, 96)]
     with torch.no_grad():
         feats, hidden = distill.target_features(model, worker, seqs)
     params = distill.draft_parameters(model)

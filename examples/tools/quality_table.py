@@ -55,30 +55,35 @@ DESCRIPTION = {
 }
 
 
-def run_config(name: str, model: str, prompts: list, max_len: int) -> dict:
-    """{"texts", "first" (the first answer token's top-20 logprobs), "seconds"} of one configuration."""
-    env, kw = CONFIGS[name]
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        from deepinfer import LLM, SamplingParams
-        t0 = time.perf_counter()
-        llm = LLM(model=model, max_model_len=max_len, max_num_seqs=min(len(prompts), 16), **kw)
-        params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[p.kind], ignore_eos=True, logprobs=TOP)
-                  for p in prompts]
-        outs = llm.generate([p.prompt for p in prompts], params, use_tqdm=False)
-        llm.close()
-        seconds = time.perf_counter() - t0
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    texts = [o.outputs[0].text for o in outs]
-    tokens = [list(o.outputs[0].token_ids) for o in outs]
-    dists = [[{int(t): lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs] for o in outs]
-    return {"texts": texts, "tokens": tokens, "dists": dists, "seconds": seconds}
+def run_here(name: str, model: str, prompts: list, max_len: int) -> dict:
+    """{"texts", "tokens", "dists" (top-20 logprobs per answer position), "seconds"} of one
+    configuration, in this process (whose environment already holds the configuration's variables)."""
+    from deepinfer import LLM, SamplingParams
+    t0 = time.perf_counter()
+    llm = LLM(model=model, max_model_len=max_len, max_num_seqs=min(len(prompts), 16), **CONFIGS[name][1])
+    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[p.kind], ignore_eos=True, logprobs=TOP)
+              for p in prompts]
+    outs = llm.generate([p.prompt for p in prompts], params, use_tqdm=False)
+    llm.close()
+    return {"texts": [o.outputs[0].text for o in outs],
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "dists": [[{str(t): lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs] for o in outs],
+            "seconds": time.perf_counter() - t0}
+
+
+def run_config(name: str, args) -> dict:
+    """One configuration in its own process: the platform reads its environment variables once."""
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as dump:
+        cmd = [sys.executable, os.path.abspath(__file__), "--model", args.model, "--n", str(args.n),
+               "--long", str(args.long), "--seed", str(args.seed), "--threads", str(args.threads),
+               "--configs", name, "--only", name, "--dump", dump.name]
+        subprocess.run(cmd, check=True, env={**os.environ, **CONFIGS[name][0]})
+        with open(dump.name) as f:
+            res = json.load(f)
+    res["dists"] = [[{int(t): lp for t, lp in pos.items()} for pos in d] for d in res["dists"]]
+    return res
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -123,21 +128,28 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="fp32,bf16,compact,neuron,simulate,cp2ep2")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)   # one configuration, in this process
+    ap.add_argument("--dump", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     names = args.configs.split(",")
     bad = [c for c in names if c not in CONFIGS]
-    if bad or "fp32" not in names:
+    if bad or ("fp32" not in names and not args.only):
         ap.error(f"--configs: choose from {sorted(CONFIGS)}, fp32 (the reference) included; got {args.configs}")
-    names = ["fp32"] + [c for c in names if c != "fp32"]
+    if not args.only:
+        names = ["fp32"] + [c for c in names if c != "fp32"]
     import torch
     torch.set_num_threads(args.threads)
     kinds = ["count", "copy", "lookup"] + (["long_lookup"] if args.long else [])
     prompts = [p for kind in kinds[:3] for p in lang.heldout_prompts(kind, args.n, args.seed)]
     prompts += lang.heldout_prompts("long_lookup", args.long, args.seed) if args.long else []
     max_len = 4200 if args.long else 256
+    if args.only:
+        with open(args.dump, "w") as f:
+            json.dump(run_here(args.only, args.model, prompts, max_len), f)
+        return 0
     results = {}
     for name in names:
-        results[name] = run_config(name, args.model, prompts, max_len)
+        results[name] = run_config(name, args)
         print(f"{name}: {results[name]['seconds']:.0f} s", flush=True)
     rows, md = table(results, prompts, kinds)
     print(md)

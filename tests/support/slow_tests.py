@@ -19,6 +19,7 @@ SLOW = {
     "engine/test_v41_model.py::test_prefill_decode_chunked_agree": 25,   # packed form: test_packed_weights
     "engine/test_v41_model.py::test_compact_records_prefill_equals_decode_and_track_plain": 10,
     "engine/test_distill_drafts.py": 22,
+    "engine/test_train_tiny.py::test_train_write_expand_load_and_speculate": 53,
     "engine/test_engine_sampling.py::test_preemption_keeps_the_matcher_state": 14,
     "engine/test_request_fuzz.py": 13,
     "engine/test_prompt_logprobs.py::test_prompt_logprobs_survive_preemption_without_duplicates": 6,
