@@ -309,6 +309,16 @@ def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, s
                              quantized=not unquantized, dtype=dtype)
     else:
         raw = v41_tiny_config(8 if layers is None else layers, 16 if index_topk is None else index_topk)
+    return write_checkpoint(raw, out_dir, lambda cfg, name, shape: dense_value(cfg, name, shape, seed),
+                            shards=shards, dtype=dtype)
+
+
+def write_checkpoint(raw: dict, out_dir: str | os.PathLike, value_of, shards: int = 1,
+                     dtype: str = "float32") -> Path:
+    """Write the checkpoint of config dict `raw` in the real layout: value_of(cfg, name, shape) gives
+    each canonical tensor's fp32 (or int64) master value, stored in its schema format (fp8 blocks,
+    fp4 experts, ... when `raw` has a quantization_config; else `dtype` for the dense tensors).
+    Trained checkpoints (examples/train_tiny.py) use this with their trained values."""
     cfg = ModelConfig.from_dict(raw)  # the generated config must pass our own validation
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -322,12 +332,18 @@ def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, s
     groups: list[list[str]] = []
     shapes = tensor_shapes(cfg)
     for name in sorted(shapes, key=_write_order):
-        value = dense_value(cfg, name, shapes[name], seed)
+        value = value_of(cfg, name, shapes[name])
         stored = stored_tensors(cfg, name, value, tensor_format(cfg, name, quantized), dense_dtype, fp8_block)
         tensors.update({k: v.contiguous() for k, v in stored.items()})
         groups.append(list(stored))
     _write_shards(tensors, groups, out, shards)
+    write_side_files(raw, out)
+    return out
 
+
+def write_side_files(raw: dict, out: Path) -> None:
+    """config.json, generation_config.json and the real tokenizer files of a checkpoint directory."""
+    cfg = ModelConfig.from_dict(raw)
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_ids[0], "do_sample": True,
            "temperature": 1.0, "top_p": 1.0}
@@ -337,4 +353,3 @@ def make_tiny_checkpoint(kind: str, out_dir: str | os.PathLike, seed: int = 0, s
     tok = _tokenizer_dir()
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tok / f, out / f)
-    return out

@@ -21,6 +21,9 @@ num_speculative_tokens = that value (DSpark drafts, V4.1 checkpoints with draft 
 carries its nextn, the measured output tokens per decode step and, offline, the engine's draft
 acceptance per depth. Server mode takes one value, the server's own --num-speculative-tokens.
 
+--prompts-file FILE (JSON lines `{"prompt": ...}`, e.g. held-out prompts of docs/tiny_language.md from
+examples/tiny_language.py) replaces the random prompts by the file's, in order and cycling.
+
 Exit status: 0 when every request (warm-ups included) succeeded, 1 when any failed (they are
 listed in the JSON), 2 for bad arguments.
 """
@@ -38,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # deepinfer, from a
 
 from bench_lib import report  # noqa: E402
 from bench_lib.metrics import cell_metrics, speedup  # noqa: E402
-from bench_lib.prompts import PromptFactory  # noqa: E402
+from bench_lib.prompts import FilePrompts, PromptFactory  # noqa: E402
 
 
 def _int_list(text: str) -> list[int]:
@@ -65,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint directory (server mode: for its vocabulary size)")
     ap.add_argument("--input-lens", type=_int_list, default=[128])
+    ap.add_argument("--prompts-file", default=None,
+                    help="JSON lines {\"prompt\": text or token ids}: the cells send these prompts (in file order, "
+                         "cycling) instead of random ones; --input-lens is then ignored and records carry the "
+                         "file's longest prompt as input_len")
     ap.add_argument("--output-lens", type=_int_list, default=[32])
     ap.add_argument("--concurrency", type=_int_list, default=[1])
     ap.add_argument("--num-prompts", type=int, default=None,
@@ -145,6 +152,11 @@ def check_args(args: argparse.Namespace) -> None:
     if args.shared_prefix_len < 0 or args.shared_suffix_len < 1:
         raise ValueError(f"--shared-prefix-len / --shared-suffix-len: must be >= 0 / >= 1, got "
                          f"{args.shared_prefix_len} / {args.shared_suffix_len}")
+    if args.prompts_file is not None:
+        if not os.path.isfile(args.prompts_file):
+            raise ValueError(f"--prompts-file: {args.prompts_file} is not a file")
+        if args.shared_prefix_len:
+            raise ValueError("--prompts-file and --shared-prefix-len: the shared-prefix record makes its own prompts")
     if args.request_timeout <= 0:
         raise ValueError(f"--request-timeout: must be > 0, got {args.request_timeout}")
     config_path = os.path.join(args.model, "config.json")
@@ -314,6 +326,14 @@ def main(argv=None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     prompts = PromptFactory(int(model_cfg.get("vocab_size", 32000)), seed=args.seed)
+    if args.prompts_file:
+        try:
+            prompts = FilePrompts.from_file(args.prompts_file, args.model)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: --prompts-file: {e}", file=sys.stderr)
+            return 2
+        args.input_lens = [prompts.max_len]
+        config["input_lens"] = args.input_lens
 
     records, shared = [], []
     for nextn in args.nextn:

@@ -26,6 +26,7 @@ SLOW = {
     # the compiled cpu step: Dynamo traces every layer kind's region (aot_eager), measured at load ~10
     "engine/test_cpu_compiled.py::test_compiled_steps_give_the_eager_greedy_tokens": 1037,
     "engine/test_cpu_compiled.py::test_compiled_verification_gives_the_plain_tokens": 130,
+    "engine/test_train_tiny.py::test_train_write_expand_load_and_speculate": 53,
     "engine/test_engine_sampling.py::test_preemption_keeps_the_matcher_state": 14,
     "engine/test_request_fuzz.py": 13,
     "engine/test_prompt_logprobs.py::test_prompt_logprobs_survive_preemption_without_duplicates": 6,
@@ -80,6 +81,7 @@ SLOW = {
     "process/test_server_shutdown.py": 58,
     "process/test_soak.py": 48,
     "process/test_bench_neuron.py::test_server_matrix": 7,
+    "process/test_bench_prompts_file.py::test_offline_cell_runs_the_files_prompts": 46,   # at load ~15
     # rank liveness: the idle SIGKILL through LLM and the engine loop's policy (fake engine) stay fast
     "process/test_rank_liveness.py::test_llm_follower_stopped_mid_generation_is_named_hung": 25,
     "process/test_rank_liveness.py::test_llm_follower_on_other_host_killed_while_idle": 20,

@@ -42,3 +42,47 @@ class PromptFactory:
                     break
             prompts.append([int(t) for t in ids])
         return prompts
+
+
+class FilePrompts:
+    """Prompts read from a JSON-lines file (`{"prompt": "text"}` or `{"prompt": [token ids]}` per
+    line), handed out in file order and cycling: the same interface as PromptFactory, the length
+    argument ignored (each prompt keeps its own length). Text is tokenized as the engine does
+    (deepinfer/tokenizer.py: BOS first), so the benchmark sends token ids to every backend."""
+
+    def __init__(self, prompts: list[list[int]]):
+        if not prompts:
+            raise ValueError("the prompts file has no prompts")
+        self.prompts = prompts
+        self._next = itertools.count()
+
+    @classmethod
+    def from_file(cls, path: str, model_dir: str) -> "FilePrompts":
+        import json
+        tok = None
+        prompts = []
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    p = json.loads(line)["prompt"]
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"{path}:{lineno}: expected a JSON object with a \"prompt\" key") from None
+                if isinstance(p, str) and p:
+                    if tok is None:
+                        from deepinfer.tokenizer import load_tokenizer
+                        tok = load_tokenizer(model_dir)
+                    prompts.append(tok.encode(p))
+                elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                    prompts.append([int(t) for t in p])
+                else:
+                    raise ValueError(f"{path}:{lineno}: \"prompt\" must be a non-empty string or list of token ids")
+        return cls(prompts)
+
+    @property
+    def max_len(self) -> int:
+        return max(map(len, self.prompts))
+
+    def make(self, n: int, length: int | None = None, tag: tuple = ()) -> list[list[int]]:
+        return [list(self.prompts[next(self._next) % len(self.prompts)]) for _ in range(n)]

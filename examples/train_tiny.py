@@ -1,0 +1,380 @@
+"""Train a tiny DeepSeek V4.1 or V4 on the synthetic language (docs/tiny_language.md) and write it
+in the real checkpoint layout.
+
+    python examples/train_tiny.py --kind v41 --out checkpoints/trained-v41 [--seed 0] [--steps N]
+        [--artifact examples/artifacts/trained-v41.safetensors]
+
+What it does (docs/tiny_language.md, "Training"):
+1. writes a random checkpoint of the training config (model_executor/tiny_checkpoint.py values)
+   and loads it in this engine (fp32, dense weights, plain KV, eager);
+2. trains every weight through the engine's own forward (`DeepseekV4Model.hidden_states` on
+   prefill steps the runner builds, autograd on), on documents of the language;
+   the embedding and LM head are trained only on the rows of the tokens the language uses plus one
+   shared row for every other token, whose logit carries log(#other tokens): with all other rows
+   equal, that softmax over U + 1 classes is exactly the full-vocabulary softmax;
+3. (V4.1) distils the DSpark draft layers on the trained main model
+   (examples/tools/distill_tiny_drafts.py's loss, on the language's documents);
+4. quantizes once (fp8 blocks, fp4 experts, fp8 Engram tables, bf16 embedding / head) and writes
+   the checkpoint, plus optionally the compact artifact (examples/tools/trained_artifact.py):
+   the stored tensors with only the language's vocabulary rows, which expands back to the same
+   checkpoint byte for byte.
+
+Deterministic for a seed and --threads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))      # deepinfer, from a checkout
+sys.path.insert(0, _HERE)                       # tiny_language
+
+import torch  # noqa: E402
+
+import tiny_language as lang  # noqa: E402
+
+BOS = 0  # the engine starts every text prompt with BOS (deepinfer/tokenizer.py), so documents do too
+
+
+# ---------------------------------------------------------------------------------------------
+# configs
+# ---------------------------------------------------------------------------------------------
+
+def training_config(kind: str) -> dict:
+    """The training configs: smaller than the tiny ones of model_executor/tiny_checkpoint.py, with
+    the same features.
+
+    V4.1, six layers, ratios [0, 2, 2, 1, 1, 1]: layer 1 is a C2 kv + index source, layer 2 shares
+    its compressed cache and index keys but runs its own indexer; layer 3 (n_prefill_layer, the
+    YOCO boundary) is a C1 kv source and the candidate source, layer 4 shares its cache and its
+    selection, layer 5 is a YOCO consumer kv source (it compresses the shared hidden) and a
+    candidate consumer; Engram on layers 1 and 3 (tables from 503 rows), mHC with 6 Sinkhorn
+    iterations, 8 experts of width 64, top-2,
+    two DSpark draft layers on targets 1, 3, 5. V4: the tiny V4's six layers (SWA, CSA, HCA, ...,
+    hash-routed first layers).
+
+    Window 32 and index top-k 128 (candidate capacity 16 blocks of 8): every short line of the
+    language (at most ~140 tokens) is seen whole by every compressed layer, so the short kinds need
+    no trained indexer; long lookup is where the indexer has to choose.
+    """
+    from deepinfer.model_executor.tiny_checkpoint import v4_tiny_config, v41_tiny_config
+    if kind == "v41":
+        raw = v41_tiny_config(layers=8, index_topk=128)
+        text = raw["text_config"]
+        text.update({
+            "num_hidden_layers": 6, "compress_ratios": [0, 2, 2, 1, 1, 1] + [0, 0],
+            "kv_source_layer_ids": [1, 3, 5], "index_source_layer_ids": [1, 2, 3, 5],
+            "candidate_source_layer_id": 3, "candidate_topk_blocks": 16, "candidate_block_size": 8,
+            "engram_layer_ids": [1, 3], "dspark_target_layer_ids": [1, 3, 5],
+            "sliding_window": 32, "hc_sinkhorn_iters": 6, "max_position_embeddings": 8192,
+            "moe_intermediate_size": 64, "engram_vocab_size": 503})
+    elif kind == "v4":
+        raw = v4_tiny_config(layers=6, index_topk=128, quantized=True)
+        raw.update({"sliding_window": 32, "hc_sinkhorn_iters": 6, "max_position_embeddings": 8192,
+                    "moe_intermediate_size": 64})
+    else:
+        raise ValueError(f"kind must be v41 or v4, got {kind!r}")
+    return raw
+
+
+# ---------------------------------------------------------------------------------------------
+# the language's vocabulary
+# ---------------------------------------------------------------------------------------------
+
+def load_tokenizer():
+    from deepinfer.model_executor.tiny_checkpoint import _tokenizer_dir
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(_tokenizer_dir() / "tokenizer.json"))
+
+
+def language_token_ids(tok) -> list[int]:
+    """Every token id the language can produce, sorted: numbers up to the largest count, keys in
+    both widths, words after a space and after `=`, and the punctuation of each kind."""
+    ids = {BOS}
+    texts = ["count: 1 2\n", "count by 3: 3 6\n", "copy: river = river\n", "keys: k00=river ; k00 -> river\n"]
+    texts += [" ".join(str(i) for i in range(0, 1100))]   # counts stay below 999 + 9 * 11
+    texts += [" ".join(f"k{i:02d}" for i in range(100)), " ".join(f"k{i:03d}" for i in range(1000))]
+    texts += [" ".join(f"k{i:02d}={w}" for i, w in enumerate(lang.WORDS))]
+    texts += [" ".join(f"k{i:03d}={w}" for i, w in enumerate(lang.WORDS))]
+    texts += [" " + " ".join(lang.WORDS) + "\n"]
+    rng = random.Random(0)
+    texts += [lang.document(rng, 200, lang.KINDS[:3])]
+    for t in texts:
+        ids.update(tok.encode(t).ids)
+    return sorted(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+
+# Line kinds of the training documents and their shares: a lookup line is ~70 tokens for one
+# determined answer token, a count or copy line ~20 tokens of which about half are determined, so
+# lookups get a small share of the lines (their tokens are still a large share of the tokens).
+TRAIN_KINDS = ("count", "copy", "lookup")
+TRAIN_SHARES = (0.45, 0.45, 0.10)
+FREE_WEIGHT = 0.1   # loss weight of tokens the rules do not determine (random words, starts, keys)
+
+
+def line_parts(rng: random.Random, kind: str) -> tuple[str, str]:
+    """(free part, determined part) of one line: what a rule fixes is the count after its second
+    number, the copy after ` =`, the lookup's value after ` ->` (with the newline)."""
+    text = lang.line(rng, kind)
+    if kind == "count":
+        head, nums = text.split(": ", 1)
+        nums = nums.split(" ")
+        return f"{head}: {nums[0]} {nums[1]}", " " + " ".join(nums[2:])
+    cut = text.index(" =") + 2 if kind == "copy" else text.index(" ->") + 3
+    return text[:cut], text[cut:]
+
+
+def training_batch(tok, rng: random.Random, batch: int, seq_len: int) -> list[tuple[list[int], list[float]]]:
+    """`batch` documents of whole lines after BOS, each cut to `seq_len` + 1 tokens (a document
+    starts at a line start, as the prompts do), with each token's loss weight: 1 where the rules
+    determine the token, FREE_WEIGHT elsewhere."""
+    out = []
+    for _ in range(batch):
+        ids: list[int] = [BOS]
+        weights: list[float] = [FREE_WEIGHT]
+        while len(ids) < seq_len + 1:
+            free, fixed = line_parts(rng, rng.choices(TRAIN_KINDS, TRAIN_SHARES)[0])
+            a, b = tok.encode(free).ids, tok.encode(fixed).ids
+            ids += a + b
+            weights += [FREE_WEIGHT] * len(a) + [1.0] * len(b)
+        out.append((ids[: seq_len + 1], weights[: seq_len + 1]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the training forward: the engine's model and runner, autograd on
+# ---------------------------------------------------------------------------------------------
+
+class CompactRows:
+    """Stands in for `embed.weight` during training: `rows[ids]` reads the trained row of each
+    language token (every other token shares one row)."""
+
+    def __init__(self, small: torch.Tensor, remap: torch.Tensor):
+        self.small, self.remap = small, remap
+
+    def __getitem__(self, ids):
+        return self.small[self.remap[ids]]
+
+
+def trainable_parameters(model) -> list[torch.Tensor]:
+    """Every weight of the main model and its draft layers but the embedding and head (trained as
+    compact rows) and the per-expert views of the stacked expert weights (the stacks train)."""
+    params = []
+    for name, p in model.named_parameters():
+        if name in ("embed.weight", "head.weight") or ".experts." in name:
+            continue
+        params.append(p)
+    blocks = list(model.layers) + list(getattr(model, "mtp", []))
+    for blk in blocks:
+        for name in ("_w13", "_w2"):
+            stack = getattr(blk.ffn, name).detach()   # same storage: the expert views see every update
+            setattr(blk.ffn, name, stack)
+            params.append(stack)
+    for p in params:
+        p.requires_grad_(p.dtype.is_floating_point)
+    return [p for p in params if p.dtype.is_floating_point]
+
+
+def detach_cache(cache) -> None:
+    """Cut the autograd history each step's cache writes leave on the cache tensors."""
+    for store in (cache.swa, cache.comp_state, cache.entries, cache.index_keys):
+        for key, t in list(store.items()):
+            store[key] = t.detach()
+
+
+def step_hidden(model, worker, seqs: list[list[int]]) -> torch.Tensor:
+    """Final normed hidden states of every position of each sequence, one prefill step, each
+    sequence in its own slot (the runner's step builder)."""
+    from deepinfer.model_executor.forward_meta import SeqChunk
+    runner = worker.runner
+    per_seq = -(-max(map(len, seqs)) // worker.block_size)
+    chunks = [SeqChunk(slot=1 + i, ctx_len=0, num_new=len(s), block_table=list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)),
+                       token_ids=s, num_logits=len(s)) for i, s in enumerate(seqs)]
+    step, _ = runner.strategy.prepare(chunks)
+    detach_cache(runner.cache)
+    return model.hidden_states(step, runner.cache)
+
+
+def number_features(tok, used: list[int], dim: int, gen: torch.Generator) -> torch.Tensor:
+    """Initial rows [U + 1, dim] of the compact embedding: a random row per token, and for a token
+    that is a number (with or without leading zeros) sines and cosines of its value in the first
+    dimensions, so "the next number" starts out as a rotation the layers can learn to apply
+    (counting would otherwise have to learn 1,000 unrelated successors from a few thousand lines)."""
+    rows = torch.randn(len(used) + 1, dim, generator=gen)
+    periods = torch.tensor([2.0, 3, 4, 5, 7, 9, 10, 16, 25, 40, 64, 100, 160, 250, 400, 1000])
+    for r, tid in enumerate(used):
+        text = tok.id_to_token(tid).lstrip("\u0120")
+        if text.isdigit():
+            ang = 2 * math.pi * int(text) / periods
+            feats = torch.cat([ang.sin(), ang.cos(), torch.tensor([float(len(text)), float(text[0] == "0")])])
+            rows[r, : feats.numel()] = 2.0 * feats
+    return rows
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=("v41", "v4"), required=True)
+    ap.add_argument("--out", required=True, help="directory of the trained checkpoint")
+    ap.add_argument("--artifact", default=None, help="also write the compact artifact here (a .safetensors path)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=70)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--draft-steps", type=int, default=30)
+    ap.add_argument("--draft-batch", type=int, default=24)
+    # one thread: on a shared, loaded machine two OpenMP threads wait on each other (small ops ran
+    # 15-80x slower with 2 threads than with 1 at a load of 10 on 2 cores, measured)
+    ap.add_argument("--threads", type=int, default=1)
+    return ap.parse_args(argv)
+
+
+def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train the main model; returns the trained compact (embed rows, head rows), U + 1 each."""
+    cfg = model.cfg
+    vocab, dim = cfg.vocab_size, cfg.hidden_size
+    remap = torch.full((vocab,), len(used), dtype=torch.long)
+    remap[torch.tensor(used)] = torch.arange(len(used))
+    g = torch.Generator().manual_seed(args.seed)
+    embed_rows = torch.nn.Parameter(number_features(tok, used, dim, g))
+    head_rows = torch.nn.Parameter(number_features(tok, used, dim, g) / math.sqrt(dim))
+    real_embed = model.embed
+    model.embed = torch.nn.Module()
+    model.embed.weight = CompactRows(embed_rows, remap)
+    # every token outside the language shares the last row; its logit counts all of them
+    rest_bias = torch.zeros(len(used) + 1)
+    rest_bias[-1] = math.log(vocab - len(used))
+    params = trainable_parameters(model) + [embed_rows, head_rows]
+    log(f"{len(used)} language tokens; {sum(p.numel() for p in params) / 1e6:.2f} M trained values")
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=max(args.steps, 1), pct_start=0.05)
+    rng = random.Random(f"train/{args.seed}")
+    t1 = time.perf_counter()
+    try:
+        for it in range(args.steps):
+            batch = training_batch(tok, rng, args.batch, args.seq_len)
+            target = remap[torch.tensor([s[1:] for s, _ in batch]).reshape(-1)]
+            weight = torch.tensor([w[1:] for _, w in batch]).reshape(-1)
+            h = step_hidden(model, worker, [s[:-1] for s, _ in batch])
+            logits = h @ head_rows.t() + rest_bias
+            loss = (torch.nn.functional.cross_entropy(logits, target, reduction="none") * weight).sum() / weight.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            if it % 10 == 0 or it == args.steps - 1:
+                hit = (logits.detach().argmax(-1) == target).float()
+                acc = (hit * (weight == 1)).sum() / (weight == 1).sum()
+                log(f"step {it:4d} loss {float(loss.detach()):.3f} determined-token acc {float(acc):.3f} "
+                    f"{time.perf_counter() - t1:.0f} s")
+    finally:
+        model.embed = real_embed
+        for p in params:
+            p.requires_grad_(False)
+    with torch.no_grad():
+        model.embed.weight.copy_(embed_rows.detach()[remap])
+        model.head.weight.copy_(head_rows.detach()[remap])
+    return embed_rows.detach(), head_rows.detach()
+
+
+def distill_drafts(model, worker, tok, used, args, log) -> None:
+    """Train the DSpark draft layers on the trained main model (the main model frozen), with
+    examples/tools/distill_tiny_drafts.py's loss on documents of the language. The Markov head's
+    rows of tokens outside the language keep their initial values (their gradient is cut), so the
+    compact artifact can regenerate them from the seed."""
+    sys.path.insert(0, os.path.join(_HERE, "tools"))
+    import distill_tiny_drafts as distill
+    cfg = model.cfg
+    rng = random.Random(f"drafts/{args.seed}")
+    seqs = [ids for ids, _ in training_batch(tok, rng, 48, 96)]
+    with torch.no_grad():
+        feats, hidden = distill.target_features(model, worker, seqs)
+    params = distill.draft_parameters(model)
+    keep = torch.zeros(cfg.vocab_size, 1)
+    keep[torch.tensor(used)] = 1.0
+    mh = model.mtp[-1].markov_head
+    for t in (mh.embed.weight, mh.head.weight):
+        t.register_hook(lambda grad: grad * keep.to(grad.dtype))
+    opt = torch.optim.Adam(params, lr=2e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(args.draft_steps, 1))
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    blocks = [3, 5]
+    t1 = time.perf_counter()
+    for it in range(args.draft_steps):
+        b = blocks[it % len(blocks)]
+        ce, bce, acc, cos = distill.draft_loss(model, seqs, feats, distill.anchor_batch(seqs, 1, b, args.draft_batch, gen),
+                                               b, hidden)
+        opt.zero_grad(set_to_none=True)
+        (ce + 0.1 * bce).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if it % 10 == 0 or it == args.draft_steps - 1:
+            log(f"draft step {it:4d} B={b} loss {float(ce.detach()):.3f} top-1 per depth "
+                f"{' '.join(f'{x:.2f}' for x in acc.tolist())} {time.perf_counter() - t1:.0f} s")
+    for p in params:
+        p.requires_grad_(False)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    from deepinfer import LLM
+    from deepinfer.model_executor.tiny_checkpoint import dense_value, write_checkpoint
+    t0 = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    log_file = open(os.path.join(args.out, "train_log.txt"), "w")
+
+    def log(msg: str) -> None:
+        line = f"[{time.perf_counter() - t0:7.1f} s] {msg}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+
+    raw = training_config(args.kind)
+    tok = load_tokenizer()
+    used = language_token_ids(tok)
+    init = lambda cfg, name, shape: dense_value(cfg, name, shape, args.seed)  # noqa: E731
+    work = tempfile.mkdtemp(prefix="train-tiny-")
+    try:
+        write_checkpoint(raw, work, init)
+        max_len = max(args.seq_len, 96) + 16
+        blocks = max(args.batch, 48) * -(-max_len // 16) + 8
+        llm = LLM(model=work, dtype="float32", max_model_len=max_len, max_num_seqs=max(args.batch, 48),
+                  weight_format="dense", enforce_eager=True, num_kv_blocks=blocks)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    worker = llm.llm_engine.worker
+    model = worker.model
+    log(f"setup: {args.kind}, seed {args.seed}, {args.steps} steps of {args.batch} x {args.seq_len} tokens, "
+        f"{torch.get_num_threads()} thread(s)")
+    train_main(model, worker, tok, used, args, log)
+    if args.kind == "v41" and args.draft_steps > 0:
+        distill_drafts(model, worker, tok, used, args, log)
+    state = {k: v.detach().float() if v.dtype.is_floating_point else v for k, v in model.state_dict().items()}
+    write_checkpoint(raw, args.out, lambda cfg, name, shape: state[name].reshape(shape).clone())
+    if args.artifact:
+        sys.path.insert(0, os.path.join(_HERE, "tools"))
+        from trained_artifact import pack_artifact
+        n = pack_artifact(args.out, args.artifact, used, args.seed)
+        log(f"artifact {args.artifact}: {n / 1e6:.2f} MB")
+    log(f"wrote {args.out} (total {time.perf_counter() - t0:.0f} s)")
+    log_file.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""examples/train_tiny.py end to end at a few steps: it trains through the engine's forward, writes
+a checkpoint the engine loads in the real layout (fp8 blocks, fp4 experts, bf16 embedding / head,
+the real vocabulary), its compact artifact expands back to exactly that checkpoint, and speculative
+greedy decoding with the distilled draft layers emits the plain greedy tokens."""
+import json
+import random
+
+import torch
+from safetensors import safe_open
+
+from deepinfer import LLM, SamplingParams
+from tests.support import load_script
+
+train_tiny = load_script("examples/train_tiny.py")
+artifact = load_script("examples/tools/trained_artifact.py")
+lang = load_script("examples/tiny_language.py")
+
+
+def _tensors(d):
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            out.update({k: fh.get_tensor(k) for k in fh.keys()})
+    return out
+
+
+def test_train_write_expand_load_and_speculate(tmp_path):
+    out, art = tmp_path / "trained", tmp_path / "trained.safetensors"
+    assert train_tiny.main(["--kind", "v41", "--out", str(out), "--artifact", str(art), "--steps", "2",
+                            "--batch", "2", "--seq-len", "48", "--draft-steps", "2", "--draft-batch", "4"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["expert_dtype"] == "fp4" and cfg["text_config"]["vocab_size"] == 129280
+    stored = _tensors(out)
+    assert stored["layers.1.ffn.experts.0.w1.weight"].dtype == torch.int8          # fp4 codes
+    assert stored["layers.1.attn.wq_a.weight"].dtype == torch.float8_e4m3fn        # fp8 blocks
+    assert stored["embed.weight"].dtype == torch.bfloat16 and stored["embed.weight"].shape[0] == 129280
+    assert art.stat().st_size < 10 * 2**20
+
+    expanded = artifact.expand_artifact(art, tmp_path / "expanded")
+    again = _tensors(expanded)
+    assert sorted(again) == sorted(stored)
+    for k, t in stored.items():
+        assert torch.equal(again[k].view(torch.uint8), t.view(torch.uint8)), k
+
+    prompts = [p.prompt for kind in ("count", "copy") for p in lang.heldout_prompts(kind, 2, seed=3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    tokens = {}
+    for nextn in (0, 3):
+        llm = LLM(model=str(expanded), dtype="float32", max_model_len=96, max_num_seqs=4,
+                  num_speculative_tokens=nextn)
+        tokens[nextn] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.close()
+    assert tokens[3] == tokens[0]
+
+
+def test_training_batches_weigh_the_determined_tokens():
+    tok = train_tiny.load_tokenizer()
+    batch = train_tiny.training_batch(tok, random.Random(0), 3, 64)
+    assert batch == train_tiny.training_batch(tok, random.Random(0), 3, 64)
+    for ids, weights in batch:
+        assert ids[0] == train_tiny.BOS and len(ids) == len(weights) == 65
+        assert set(weights) == {train_tiny.FREE_WEIGHT, 1.0}
+    used = set(train_tiny.language_token_ids(tok))
+    assert all(t in used for ids, _ in batch for t in ids)
+    for kind in lang.KINDS[:3]:
+        free, fixed = train_tiny.line_parts(random.Random(1), kind)
+        assert tok.encode(free + fixed).ids == tok.encode(free).ids + tok.encode(fixed).ids
