@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny_language as lang  # noqa: E402
 from deepinfer import LLM, SamplingParams  # noqa: E402
+from deepinfer.config import ModelConfig  # noqa: E402
 
 MAX_TOKENS = {"count": 12, "copy": 14, "lookup": 3, "long_lookup": 3}
 
@@ -39,8 +40,16 @@ def main(argv=None) -> int:
     prompts += lang.heldout_prompts("long_lookup", args.long, args.seed)
     if not prompts:
         ap.error("no prompts: --per-kind and --long are both 0")
-    max_len = 4200 if args.long else 256
+    # long lookups need up to ~4,100 positions; a checkpoint with fewer (the random tiny one has 4096)
+    # runs the long prompts that fit and says how many it left out
+    positions = ModelConfig.from_pretrained(args.model).max_position_embeddings
+    max_len = min(4200, positions) if args.long else min(256, positions)
     llm = LLM(model=args.model, max_model_len=max_len, max_num_seqs=len(prompts))
+    tok = llm.get_tokenizer()
+    fits = [p for p in prompts if len(tok.encode(p.prompt)) + 1 + MAX_TOKENS[p.kind] <= max_len]
+    if len(fits) < len(prompts):
+        print(f"{len(prompts) - len(fits)} prompt(s) longer than the model's {max_len} positions left out")
+    prompts = fits
     params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[p.kind], ignore_eos=True) for p in prompts]
     outputs = llm.generate([p.prompt for p in prompts], params, use_tqdm=False)
     right = 0

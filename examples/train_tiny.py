@@ -24,7 +24,6 @@ Deterministic for a seed and --threads.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random

@@ -23,7 +23,6 @@ from torch.utils._pytree import tree_leaves
 
 from deepinfer.neuron_ops.fp8_guard import graph_fp8_sites, is_fp8
 from deepinfer.neuron_ops.regions import RegionRunner, int64_constant_sites
-from deepinfer.tools import memory_report as mr
 
 
 class _OpOutputs(TorchDispatchMode):

@@ -43,6 +43,8 @@ SLOW = {
     "neuron/test_regions.py::test_a_step_wanting_more_logits_rows_than_the_exit_holds_runs_its_exit_eagerly": 14,
     "neuron/test_device_report.py::test_v41_flash_report_at_cp64_ep64": 700,
     "neuron/test_regions.py::test_compact_kv_records_compile_into_regions": 16,
+    "neuron/test_regions.py::test_compiled_regions_equal_eager[v4-6]": 15,   # [v41-8] stays fast
+    "neuron/test_scripts.py::test_dockerfile_self_check_runs_on_the_host": 13,
     "neuron/test_regions.py::test_warm_up_compiles_every_bucket_before_the_first_request": 12,
     "neuron/test_spec_regions.py": 17,
     # nextn 5 stays fast: the one speculative region-graph case of make test
