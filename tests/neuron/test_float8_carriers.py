@@ -228,8 +228,8 @@ def test_region_scan_catches_a_record_decode_traced_inline(monkeypatch):
 @pytest.mark.parametrize("kind", ["v41", "v4"])
 def test_packed_compact_regions_hold_no_float8(request, kind):
     """Packed weights (trn2 fp8 codes) and compact KV records on the host-mode Neuron platform: every
-    region graph (whole decode layers and the split prompt sub-regions) holds no float8 value and no
-    unsafe float8 op, and the greedy tokens are the CPU platform's with the same records."""
+    region graph (the step's entry and exit, whole decode layers and the split prompt sub-regions)
+    holds no float8 value and no unsafe float8 op, and the greedy tokens are the CPU platform's with the same records."""
     ckpt = request.getfixturevalue("tiny_v41_dir" if kind == "v41" else "tiny_v4_dir")
     cfg = ModelConfig.from_pretrained(ckpt)
     cpu = build_model(cfg, str(ckpt), torch.float32, progress=False, platform=CpuPlatform())
@@ -241,6 +241,6 @@ def test_packed_compact_regions_hold_no_float8(request, kind):
              kv_cache_mode="compact", fp8_max=ACT_FP8_MAX)
     assert s.greedy(4) == golden
     assert s.strategy.eager_steps == 0 and s.strategy.buckets_seen == {(16, 64), (2, 64)}
-    assert set(regions.stats.regions) == set(WHOLE + SUB_REGIONS)
+    assert set(regions.stats.regions) == set(WHOLE + SUB_REGIONS) | {"entry", "exit"}
     assert regions.stats.total_graphs == s.strategy.plan.graph_count
     assert regions.stats.float8_sites == [] and regions.stats.fp8_sites == []

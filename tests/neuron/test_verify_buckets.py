@@ -61,7 +61,7 @@ def test_power_of_two_verification_buckets_keep_plain_greedy_tokens_long(tiny_v4
 def test_warm_up_compiles_the_planned_verification_graphs():
     """The plan counts the padded verification bucket (2 x 6 -> 16 tokens, three sub-regions a
     kind) next to the decode rows, and warm-up compiles exactly the plan."""
-    from deepinfer.neuron_ops.regions import SUB_REGIONS, RegionRunner
+    from deepinfer.neuron_ops.regions import SUB_REGIONS, TOP_REGIONS, RegionRunner
     from deepinfer.worker.runners.neuron_regions import NeuronRegionStrategy
     from tests.support.model_helpers import Seqs, tiny_config, tiny_model
     host = NeuronPlatform(host=True)
@@ -70,5 +70,9 @@ def test_warm_up_compiles_the_planned_verification_graphs():
     regions = RegionRunner("aot_eager", split="multi_row")
     s = Seqs(model, NeuronRegionStrategy, [[0, 5, 6]], platform=host, buckets=spec, regions=regions)
     plan = s.strategy.plan
-    assert [(b["step"], b["tokens"]) for b in plan.buckets()] == [("decode", 2), ("verify", 16)]
-    assert s.runner.warm_up() == plan.graph_count == regions.num_kinds * (1 + len(SUB_REGIONS))
+    # (the tiny V4.1 has DSpark layers: its draft block of 2 rows x 5 drafts is a planned graph too)
+    assert [(b["step"], b["tokens"]) for b in plan.buckets()] == [("decode", 2), ("verify", 16), ("draft", 10)]
+    by_region = plan.counts("region")
+    layer_graphs = sum(n for r, n in by_region.items() if r not in TOP_REGIONS)
+    assert s.runner.warm_up() == plan.graph_count == layer_graphs + sum(by_region.get(r, 0) for r in TOP_REGIONS)
+    assert layer_graphs == regions.num_kinds * (1 + len(SUB_REGIONS))   # kinds are known once compiled
