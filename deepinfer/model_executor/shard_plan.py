@@ -97,11 +97,17 @@ class ShardPlan:
         self.sharded = layout.attn_tp > 1 or layout.ep > 1 or layout.cp > 1
 
     @property
+    def vocab_split(self) -> bool:
+        """The LM head is split by vocabulary over the CP group: with cp > 1 ranks that divide the
+        vocabulary evenly (every slice the same width, so one all-gather reassembles a row); otherwise
+        every rank holds the whole head, as with one CP rank."""
+        return self.layout.cp > 1 and self.cfg.vocab_size % self.layout.cp == 0
+
+    @property
     def vocab(self) -> range:
         """The token ids whose LM head rows this rank holds."""
-        if self.cfg.vocab_size % self.layout.cp:
-            raise ValueError(f"context_parallel_size {self.layout.cp} must divide vocab_size {self.cfg.vocab_size} "
-                             f"(the LM head is split over the CP group)")
+        if not self.vocab_split:
+            return range(self.cfg.vocab_size)
         per = self.cfg.vocab_size // self.layout.cp
         return range(self.layout.cp_rank * per, (self.layout.cp_rank + 1) * per)
 
@@ -140,7 +146,7 @@ class ShardPlan:
     def cuts(self, name: str) -> tuple[Cut, ...]:
         """The dense-coordinate cuts of a canonical weight this rank holds a slice of (() = whole)."""
         cfg = self.cfg
-        if name == "head.weight" and self.layout.cp > 1:
+        if name == "head.weight" and self.vocab_split:
             v = self.vocab
             return (Cut(0, v.start, len(v), cfg.vocab_size),)
         shared = _SHARED.match(name) if self.shared_split > 1 else None

@@ -98,7 +98,8 @@ def step_region_intermediates(model, cache, layout, chunks, bucket, regions=REGI
     spec = BucketSpec(batch=(bucket.num_seqs,), contexts=(bucket.context,), prefill_tokens=(bucket.num_tokens,),
                       max_model_len=bucket.context)
     device = next(model.parameters()).device
-    step = step_to(spec.static_step(chunks, bucket, layout), device)
+    # the host stage first (the Engram rows, layers/engram_host.py), as every runner's to_device does
+    step = step_to(model.host_inputs(spec.static_step(chunks, bucket, layout)), device)
     rows: list[dict] = []
     kinds: list = []
 

@@ -50,6 +50,15 @@ def test_cuts_name_the_head_rows_the_group_columns_and_the_experts():
         ShardPlan(cfg, ParallelLayout(rank=0, cp=3, ep=3, attn_tp=1))
 
 
+def test_head_splits_by_vocabulary_only_over_a_cp_group_that_divides_it():
+    cfg = tiny_config("v41")   # vocab 129280 = 2^7 x 1010
+    split = ShardPlan(cfg, ParallelLayout(rank=1, cp=4, ep=1, attn_tp=1))
+    assert split.vocab_split and split.vocab == range(32320, 64640)
+    assert split.cuts("head.weight") == (Cut(0, 32320, 32320, 129280),)
+    whole = ShardPlan(cfg, ParallelLayout(rank=1, cp=3, ep=1, attn_tp=1))   # 129280 % 3 != 0
+    assert not whole.vocab_split and whole.vocab == range(129280) and whole.cuts("head.weight") == ()
+
+
 def test_packed_slices_must_fit_the_scale_grid():
     assert block_region("w", Cut(0, 64, 64, 128), 128) == (0, 1)      # inside one block
     assert block_region("w", Cut(0, 128, 256, 512), 128) == (1, 3)    # starts on a block

@@ -108,8 +108,9 @@ class VocabShard:
 
     @classmethod
     def of(cls, plan, parallel) -> "VocabShard | None":
-        """The shard of a rank of a split model (ShardPlan, ParallelGroups); None with one CP rank."""
-        if plan is None or plan.layout.cp == 1:
+        """The shard of a rank of a split model (ShardPlan, ParallelGroups); None with one CP rank or a
+        CP group that does not divide the vocabulary (the head stays whole, ShardPlan.vocab_split)."""
+        if plan is None or not plan.vocab_split:
             return None
         if plan.cfg.vocab_size >= 1 << 24:
             raise ValueError(f"vocab_size {plan.cfg.vocab_size}: candidate ids travel as exact fp32 (< 2**24)")
