@@ -64,23 +64,29 @@ def pack(step: StepInputs) -> tuple[torch.Tensor, tuple]:
     return buf, layout
 
 
-def unpack(buf: torch.Tensor, layout: tuple) -> StepInputs:
-    """The StepInputs of `layout` from slices of `buf` (graph-traceable: slices, views, comparisons)."""
+def _build(layout: tuple, tensor_of):
+    """The structure of `layout`, each tensor node ("t" / "f") replaced by tensor_of(node)."""
     def build(node):
         tag = node[0]
-        if tag == "t":
-            _, off, n, shape, is_bool = node
-            t = buf[off:off + n].view(shape)
-            return t != 0 if is_bool else t
-        if tag == "f":
-            _, off, n, shape, dtype = node
-            return buf[off:off + n].to(_FLOAT_BITS[dtype]).view(dtype).view(shape)
+        if tag in ("t", "f"):
+            return tensor_of(node)
         if tag == "c":
             return _CLASSES[node[1]](**{name: build(sub) for name, sub in node[2]})
         if tag == "d":
             return {k: build(sub) for k, sub in node[1]}
         return node[1]
     return build(layout)
+
+
+def unpack(buf: torch.Tensor, layout: tuple) -> StepInputs:
+    """The StepInputs of `layout` from slices of `buf` (graph-traceable: slices, views, comparisons)."""
+    def tensor_of(node):
+        tag, off, n, shape, kind = node
+        if tag == "f":   # kind: the float dtype whose bits the slice carries
+            return buf[off:off + n].to(_FLOAT_BITS[kind]).view(kind).view(shape)
+        t = buf[off:off + n].view(shape)
+        return t != 0 if kind else t   # kind: is_bool
+    return _build(layout, tensor_of)
 
 
 def leaves(step: StepInputs) -> list[torch.Tensor]:
@@ -103,14 +109,4 @@ def leaves(step: StepInputs) -> list[torch.Tensor]:
 def rebuild(layout: tuple, tensors) -> StepInputs:
     """The StepInputs of `layout` holding `tensors` (in `leaves` order)."""
     it = iter(tensors)
-
-    def build(node):
-        tag = node[0]
-        if tag in ("t", "f"):
-            return next(it)
-        if tag == "c":
-            return _CLASSES[node[1]](**{name: build(sub) for name, sub in node[2]})
-        if tag == "d":
-            return {k: build(sub) for k, sub in node[1]}
-        return node[1]
-    return build(layout)
+    return _build(layout, lambda node: next(it))
