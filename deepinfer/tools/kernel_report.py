@@ -160,7 +160,7 @@ def _fp8_thunk(m, k, design):
     return make
 
 
-def _fp4_thunk(m, k, design="spread"):
+def _fp4_thunk(m, k, design="words"):
     def make(n):
         w = _fp4(n, k)
         x = _x(m, k)
@@ -186,7 +186,7 @@ def cost_report(scale: int = 1) -> list:
             seed = predicted_seconds(_fp8_thunk(m, k, "seed"), n, N_STEP)
         else:
             weight_bytes = n * k / 2 + n * k / 32       # nibbles + one exponent per 32
-            now = predicted_seconds(_fp4_thunk(m, k, "spread"), n, N_STEP)
+            now = predicted_seconds(_fp4_thunk(m, k, "words"), n, N_STEP)
             seed = predicted_seconds(_fp4_thunk(m, k, "vector"), n, N_STEP)
         rows.append({"name": name, "shape": [m, k, n], "predicted_ms": now["total"] * 1e3,
                      "predicted_engine_ms": {e: v * 1e3 for e, v in now.items() if e != "total"},

@@ -18,7 +18,9 @@ import torch
 
 from deepinfer.neuron_ops.nki import api, counts
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import K_ROWS as FP4_K_ROWS
+from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import DESIGNS as FP4_DESIGNS
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import blockquant_fp4_gemm_kernel
+from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import onehot_value as fp4_onehot_value
 from deepinfer.neuron_ops.nki.kernels.fp4_active_experts import fp4_active_experts_kernel
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp8_gemm import (K_TILE, N_TILE, ROWS_TENSOR_DESIGN,
                                                                  blockquant_fp8_gemm_kernel,
@@ -214,10 +216,12 @@ def blockquant_fp8_grouped_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale:
     return torch.stack(outs, dim=1)
 
 
-def _fp4_onehot(group: int) -> torch.Tensor:
-    """[128 / (group/2), 128] bf16: row r is 1 on the byte rows whose K elements scale row r covers."""
+def _fp4_onehot(group: int, design: str = "words") -> torch.Tensor:
+    """[128 / (group/2), 128] bf16: row r is onehot_value(design) (1, or 2^6 for the word decode) on
+    the byte rows whose K elements scale row r covers, 0 elsewhere."""
     per = group // 2
-    return (torch.arange(FP4_K_ROWS)[None, :] // per == torch.arange(FP4_K_ROWS // per)[:, None]).to(torch.bfloat16)
+    hit = torch.arange(FP4_K_ROWS)[None, :] // per == torch.arange(FP4_K_ROWS // per)[:, None]
+    return (hit.to(torch.float32) * fp4_onehot_value(design)).to(torch.bfloat16)
 
 
 def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> None:
@@ -229,20 +233,21 @@ def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: 
 
 @wrapper("blockquant_fp4_gemm")
 def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int, *,
-                        grid: int = 2, design: str = "spread") -> torch.Tensor:
+                        grid: int = 2, design: str = "words") -> torch.Tensor:
     """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp4_gemm): x [M, K],
     w_packed uint8 [N, K/2], w_scale uint8 [N, K/group]. The weight bytes are only transposed
-    (K-major, as a load would store them); x is split into its even and odd columns. design: the
-    decode over three engines ("spread") or on the Vector Engine alone ("vector", the seed's way);
-    both give the same weights (kernels/blockquant_fp4_gemm.py)."""
+    (K-major, as a load would store them); x is split into its even and odd columns. design: e4m3
+    codes by integer ops on 32-bit words ("words", kernels/fp4_word_decode.py), the float decode
+    over three engines ("spread") or on the Vector Engine alone ("vector", the seed's way); all
+    give the same weights (kernels/blockquant_fp4_gemm.py)."""
     _fp4_check("blockquant_fp4_gemm", w_packed, w_scale, group)
-    if design not in ("spread", "vector"):
-        raise ValueError(f"blockquant_fp4_gemm: design {design!r} is not spread or vector")
+    if design not in FP4_DESIGNS:
+        raise ValueError(f"blockquant_fp4_gemm: design {design!r} is not one of {FP4_DESIGNS}")
     if x.shape[0] > _ROWS_MAX:
         return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid, design=design)
                           for r in range(0, x.shape[0], _ROWS_MAX)])
     out = _run(blockquant_fp4_gemm_kernel, _grid(grid), x[:, 0::2].contiguous(), x[:, 1::2].contiguous(),
-               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group), int(group), design)
+               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group, design), int(group), design)
     return _torch(out)
 
 

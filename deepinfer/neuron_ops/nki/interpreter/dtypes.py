@@ -1,6 +1,6 @@
 """NKI data types in NumPy: each value is held in a NumPy storage type (float32 for every float
 format, the integer type itself for integers) and rounded to its format on every write, so a bf16
-tile holds exactly the bf16 values the hardware would. `view` reinterprets bits (same item size).
+tile holds exactly the bf16 values the hardware would. `view` reinterprets bits (across item sizes the last axis rescales).
 
 float8_e4m3 is trn2's IEEE-style e4m3 (largest finite 240, exponent field 15 = inf/NaN);
 float8_e4m3fn is the OCP variant (largest finite 448, only S.1111.111 is NaN).

@@ -180,10 +180,17 @@ class Tensor:
         return self
 
     def view(self, dtype: dtypes.DType) -> "Tensor":
-        """The same bytes read as another dtype of the same size (a bit reinterpretation)."""
+        """The same bytes read as another dtype (a bit reinterpretation). Between item sizes the last
+        axis changes length by their ratio (a [P, F] uint8 tile is a [P, F/4] uint32 one), bytes in
+        little-endian order as on the device: byte 4j of a row is the low byte of word j."""
+        bits = dtypes.to_bits(self.data, self.dtype)
         if dtype.itemsize != self.dtype.itemsize:
-            raise ValueError(f"view: {self.dtype.name} -> {dtype.name} changes the item size")
-        values = dtypes.from_bits(dtypes.to_bits(self.data, self.dtype), dtype)
+            row_bytes = self.shape[-1] * self.dtype.itemsize
+            if row_bytes % dtype.itemsize:
+                raise ValueError(f"view: a last axis of {row_bytes} bytes is not whole {dtype.name} items")
+            raw = np.ascontiguousarray(bits).astype(bits.dtype.newbyteorder("<")).view(np.uint8)
+            bits = raw.view(np.dtype(dtype.bits).newbyteorder("<")).astype(dtype.bits)
+        values = dtypes.from_bits(bits, dtype)
         return Tensor(values, dtype, self.buffer, self._alloc)
 
     def numpy(self) -> np.ndarray:

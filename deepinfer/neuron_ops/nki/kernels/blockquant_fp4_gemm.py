@@ -27,6 +27,7 @@ two) instead of the host storing one scale byte per weight byte.
 Tiling: x^T tiles [<=128, M] stationary (two per K tile: even and odd columns), decoded weight tiles
 [<=128, <=512] moving, fp32 PSUM accumulation over K, grid 2 splits N (LNC 2)."""
 from deepinfer.neuron_ops.nki.api import nisa, nki, nl
+from deepinfer.neuron_ops.nki.kernels.fp4_word_decode import NIBBLE_SCALE, decode_words
 
 K_ROWS = 128   # packed byte rows (= 256 K elements) per K tile
 N_TILE = 512   # moving free size per matmul (one PSUM bank of fp32)
@@ -82,9 +83,20 @@ def transpose_halves(lo_rows, hi_rows, kb):
     return lo_t, hi_t
 
 
-def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, design="spread"):
+DESIGNS = ("words", "spread", "vector")
+
+
+def onehot_value(design: str) -> float:
+    """What the one-hot scale-spreading matrix holds: 2^6 for the e4m3 word decode (its codes are the
+    nibbles' values times 2^-6, kernels/fp4_word_decode.py), else 1."""
+    return NIBBLE_SCALE if design == "words" else 1.0
+
+
+def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, design="words"):
     """PSUM [m, nt] fp32 = x @ W[n0:n0+nt]^T over every K tile (decoded weights in `dtype`); design
-    "spread" (decode_spread) or "vector" (decode_e2m1 on the Vector Engine alone, the seed's way)."""
+    "words" (decode_words: e4m3 codes by integer ops on 32-bit words; needs nt % 4 == 0 and the
+    one-hot at onehot_value("words")), "spread" (decode_spread) or "vector" (decode_e2m1 on the
+    Vector Engine alone, the seed's way)."""
     kb = w_t.shape[0]
     rows_per_scale = group // 2
     acc = nl.zeros((m, nt), dtype=nl.float32, buffer=nl.psum)
@@ -98,7 +110,9 @@ def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, desig
         # ue8m0 byte e is the bf16 exponent field of 2^(e - 127): bits e << 7
         scales = nisa.tensor_scalar(exps, nl.left_shift, 7, dtype=nl.uint16).view(nl.bfloat16)
         scale_rows = nisa.nc_matmul(onehot[0:sr, 0:kr], scales)          # PSUM [kr, nt]: row p = its scale
-        if design == "spread":
+        if design == "words":
+            w_lo, w_hi = decode_words(packed, scale_rows, dtype)
+        elif design == "spread":
             w_lo, w_hi = decode_spread(packed, scale_rows, dtype)
         else:
             lo = nisa.tensor_scalar(packed, nl.bitwise_and, 15, dtype=nl.int32)
@@ -111,7 +125,7 @@ def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, desig
 
 
 @nki.jit
-def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group, design="spread"):
+def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group, design="words"):
     m, kb = x_lo.shape
     n = w_t.shape[1]
     out = nl.ndarray((m, n), dtype=x_lo.dtype, buffer=nl.shared_hbm)
