@@ -128,11 +128,15 @@ def test_blockquant_fp8_gemm_tensor_design_counts():
     ops.blockquant_fp8_gemm(torch.randn(m, k, generator=GEN).bfloat16(), codes, scale, 32, 32)
     s = ops.last_stats().as_dict()
     k_tiles = k // K_TILE
-    groups = [2, 1]        # program 0: 17 blocks (16 + 1), program 1: 16 blocks
-    assert s["instructions"]["tensor"] == 2 * k_tiles + sum(g * (k_tiles + 1) for g in groups)
-    # per program: x^T copies, per K tile one exponent shift and M scaled-x multiplies, per group a
-    # mask multiply and the output copy
-    assert s["instructions"]["vector"] == sum(k_tiles + k_tiles * (1 + m) + 2 * g for g in groups)
+    groups = 3             # program 0: 17 blocks (16 + 1), program 1: 16 blocks
+    # per group and K tile: x and scale rows spread (2) and the main matmul; per group the selector
+    assert s["instructions"]["tensor"] == groups * (3 * k_tiles + 1)
+    # per group: one scaled-x multiply (its K tiles fit one PSUM bank) and the mask multiply; no
+    # per-(K tile, row) or per-block instruction
+    assert s["instructions"]["vector"] == groups * 2
+    assert s["instructions"]["scalar"] == groups          # the output copies
+    # per program 5 small loads (x, 4 0/1 tiles) and one store; per group the codes and the scales
+    assert s["instructions"]["dma"] == 2 * 6 + groups * 2
     assert s["matmul_flops"] >= 2 * m * n * k
     assert s["dma_bytes_out"] == m * n * 2
 

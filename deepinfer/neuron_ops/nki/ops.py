@@ -186,18 +186,24 @@ def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.T
     s_kn[:k] = w_scale.t().repeat_interleave(block_cols, dim=0)[:k]
     if design == "seed" or (design == "auto" and m > ROWS_TENSOR_DESIGN):
         return _torch(_run(blockquant_fp8_gemm_seed_kernel, _grid(grid), x_p, w_kn, s_kn, int(block_rows)))
-    mask, sel = _fp8_diagonal_masks(m, block_rows)
-    return _torch(_run(blockquant_fp8_gemm_kernel, _grid(grid), x_p, w_kn, s_kn, mask, sel, int(block_rows)))
+    w_p = w_kn.reshape(kp // K_TILE, K_TILE, n).permute(1, 0, 2).contiguous()
+    # the scale values 2^(e - 127) as bf16 (the exponent byte is bf16's exponent field), K rows per block
+    s_bk = (s_kn.t().to(torch.int16) << 7).view(torch.bfloat16).contiguous()
+    return _torch(_run(blockquant_fp8_gemm_kernel, _grid(grid), x_p, w_p, s_bk, *_fp8_tensor_tiles(m, block_rows),
+                       int(block_rows)))
 
 
-def _fp8_diagonal_masks(m: int, block_rows: int):
-    """The tensor design's 0/1 tiles: mask [g*M, g*block_rows] keeps row block j against column
-    block j; sel [g*M, M] sums the g row blocks of each activation row."""
+def _fp8_tensor_tiles(m: int, block_rows: int):
+    """The tensor design's 0/1 tiles (bf16): mask [g*M, g*block_rows] keeps row block j against
+    column block j; sel [g*M, M] sums the g row blocks of each activation row; rep_x [M, g*M] copies
+    x row i to column j*M + i of every block j; rep_s [g, g*M] copies scale row j to block j's M columns."""
     g = group_blocks(m, block_rows)
-    row_block = torch.arange(g * m) // m
-    mask = (row_block[:, None] == torch.arange(g * block_rows)[None, :] // block_rows).to(torch.bfloat16)
-    sel = (torch.arange(g * m)[:, None] % m == torch.arange(m)[None, :]).to(torch.bfloat16)
-    return mask, sel
+    col = torch.arange(g * m)
+    mask = ((col // m)[:, None] == torch.arange(g * block_rows)[None, :] // block_rows).to(torch.bfloat16)
+    sel = (col[:, None] % m == torch.arange(m)[None, :]).to(torch.bfloat16)
+    rep_x = (torch.arange(m)[:, None] == (col % m)[None, :]).to(torch.bfloat16)
+    rep_s = (torch.arange(g)[:, None] == (col // m)[None, :]).to(torch.bfloat16)
+    return mask, sel, rep_x, rep_s
 
 
 @wrapper("blockquant_fp8_grouped_gemm")

@@ -7,25 +7,36 @@ exponent bytes per block_rows x block_cols block. Two designs:
   model in interpreter/cost.py puts it at ~1.07 ms for 1x1280x36864, the seed measured 1.17 ms),
   while the weight bytes alone take ~0.067 ms. A 32 x 32 scale changes every 32 along K, so it
   cannot be applied once per 128-wide K tile at PSUM evacuation; it is folded into the small
-  operand instead: for each N block b, x^T scaled by the block's K-row scales, xs_b[k, m] =
-  x[m, k] * s[k, b], is exact (a power of two) and costs M x K/128 x N/32 elements, not K x N.
-  One matmul per K tile and group of g = min(16, 128 / M) N blocks: stationary xs over the group
-  ([128, g*M], rows (block, m)), moving the group's fp8 codes ([128, g*32]); PSUM [g*M, g*32]
-  accumulates over K and holds every block's scaled x against every block's columns. Evacuating
-  it keeps the diagonal blocks: a 0/1 mask multiply (Vector Engine, PSUM -> SBUF fp32) and a
-  matmul with a 0/1 selector that sums the g row blocks of each m (exact: one term is non-zero).
-  The g-fold redundant TensorE work is cheap at M <= 8: g*32 moving columns cost what 512 cost.
+  operand instead: for each N block b, xs_b[k, m] = x[m, k] * s[b, k] (exact: a power of two),
+  M x K x N/32 elements, not K x N. The Tensor Engine lays both factors out (x rows and scale rows
+  as stationary operands against 0/1 moving ones, `_scaled_x`), so the Vector Engine makes a
+  group's scaled x in one multiply per PSUM bank of K tiles. One matmul per K tile and group of
+  g = min(16, 128 / M) N blocks: stationary xs over the group ([128, g*M], rows (block, m)), moving
+  the group's fp8 codes ([128, g*32]); PSUM [g*M, g*32] accumulates over K and holds every block's
+  scaled x against every block's columns. Evacuating it keeps the diagonal blocks: a 0/1 mask
+  multiply (Vector Engine, PSUM -> SBUF) and a matmul with a 0/1 selector that sums the g row blocks
+  of each m (exact: one term is non-zero); the Scalar Engine copies the result out and one DMA stores
+  a program's columns. DMAs are few and large (a DMA instruction costs 600 ns of descriptor
+  generation whatever its size): x once, per group the codes of every K tile in one DMA and the
+  group's scale rows in one.
 - `blockquant_fp8_gemm_seed_kernel` (M > ROWS_TENSOR_DESIGN, and the calibration of the cost
   model against the seed's measurement): each weight tile is dequantized on the Vector Engine into
   x's dtype and is the moving operand, x^T the stationary one (scaled-x work grows with M; the
   dequantization does not).
 
-Layout the kernels read (K-major, prepared on the host; see ops.blockquant_fp8_gemm):
+Layout the kernels read (prepared on the host; see ops.blockquant_fp8_gemm):
   x    [M, Kp]   activations, Kp = K padded to a multiple of 128 with zeros
+  seed design:
   w_kn [Kp, N]   uint8 e4m3 codes, K on partitions (the moving operand's layout)
   s_kn [Kp, NB]  uint8 ue8m0 exponents, row k = the scales of W's column k (NB = ceil(N / block_rows))
-  mask [g*M, g*block_rows] bf16 (tensor design): 1 where row block == column block
-  sel  [g*M, M]            bf16 (tensor design): 1 where the row's m == the column
+  tensor design (what a packed-weights load is to store for it):
+  w_p  [128, Kp/128, N] uint8 e4m3 codes, partition-major: w_p[p, t, n] = W[n, 128 t + p]
+  s_bk [NB, Kp]  bf16 scale values 2^(e - 127), each block's K rows (2 bytes per 32 weights of a row
+                 block, 1/16 of the code bytes)
+  mask [g*M, g*block_rows] bf16: 1 where row block == column block
+  sel  [g*M, M]            bf16: 1 where the row's m == the column
+  rep_x [M, g*M]           bf16: 1 where the column's m == the row (spreads x rows)
+  rep_s [g, g*M]           bf16: 1 where the column's block == the row (spreads scale rows)
 
 Seed design tiling: x^T tiles [128, M] are the stationary operand (transposed once on the Tensor Engine); each
 weight tile [128, <=512] is dequantized on the Vector Engine into x's dtype (fp8 view of the codes
@@ -37,7 +48,6 @@ from deepinfer.neuron_ops.nki.api import nisa, nki, nl
 K_TILE = 128   # contraction per matmul (partitions)
 N_TILE = 512   # moving free size per matmul (one PSUM bank of fp32)
 ROWS_TENSOR_DESIGN = 8      # M up to which the tensor design runs full 16-block groups
-XS_BYTES = 64 * 1024        # SBUF per partition for the scaled x^T tiles of one N chunk
 
 
 def group_blocks(m: int, block_rows: int) -> int:
@@ -60,47 +70,57 @@ def _x_transposed(x, kp):
     return x_t
 
 
-def _scaled_x(x_t, s_kn, b0, nb, m, dtype):
-    """Per K tile, xs[k, j*M + i] = x[i, k] * 2^(s[k, b0 + j] - 127) for the chunk's nb blocks."""
-    xs = []
-    for kt in nl.static_range(len(x_t)):
-        k0 = kt * K_TILE
-        exps = nl.load(s_kn[k0:k0 + K_TILE, b0:b0 + nb])
-        scale = nisa.tensor_scalar(exps, nl.left_shift, 23, dtype=nl.int32).view(nl.float32)
-        t = nl.ndarray((K_TILE, nb * m), dtype=dtype, buffer=nl.sbuf)
-        for i in nl.static_range(m):
-            t[:, i::m] = nisa.tensor_scalar(scale, nl.multiply, x_t[kt][:, i:i + 1], dtype=dtype)
-        xs.append(t)
+def _scaled_x(x_rows, rep_x, scales, rep_s, gb, m, dtype):
+    """[128, K tiles, gb*M] in x's dtype: xs[k, kt, j*M + i] = x[i, kt*128 + k] * s[b0 + j, kt*128 + k].
+    Both factors are spread along the free axis by the Tensor Engine (a 0/1 moving operand copies
+    each stationary row to the columns it owns: x rows to every block's M columns, scale rows to their
+    block's M columns), so the Vector Engine runs one multiply per PSUM bank of K tiles, not one per
+    (K tile, row) or (K tile, block)."""
+    kts = x_rows.shape[1] // K_TILE
+    w = gb * m
+    per_bank = max(1, N_TILE // w)            # K tiles whose w columns fit one fp32 PSUM bank
+    xs = nl.ndarray((K_TILE, kts, w), dtype=dtype, buffer=nl.sbuf)
+    for c0 in nl.static_range(0, kts, per_bank):
+        cc = min(per_bank, kts - c0)
+        xr = nl.ndarray((K_TILE, cc, w), dtype=nl.float32, buffer=nl.psum)
+        sr = nl.ndarray((K_TILE, cc, w), dtype=nl.float32, buffer=nl.psum)
+        for i in nl.static_range(cc):
+            k0 = (c0 + i) * K_TILE
+            xr[:, i, :] = nisa.nc_matmul(x_rows[:, k0:k0 + K_TILE], rep_x[:, 0:w], is_moving_onezero=True)
+            sr[:, i, :] = nisa.nc_matmul(scales[:, k0:k0 + K_TILE], rep_s[0:gb, 0:w], is_moving_onezero=True)
+        xs[:, c0:c0 + cc, :] = nisa.tensor_tensor(xr, sr, nl.multiply, dtype=dtype)
     return xs
 
 
 @nki.jit
-def blockquant_fp8_gemm_kernel(x, w_kn, s_kn, mask_in, sel_in, block_rows):
-    m, kp = x.shape
-    n = w_kn.shape[1]
-    out = nl.ndarray((m, n), dtype=x.dtype, buffer=nl.shared_hbm)
+def blockquant_fp8_gemm_kernel(x_in, w_p, s_bk, mask_in, sel_in, rep_x_in, rep_s_in, block_rows):
+    m, kp = x_in.shape
+    kts, n = w_p.shape[1], w_p.shape[2]
+    out = nl.ndarray((m, n), dtype=x_in.dtype, buffer=nl.shared_hbm)
     n_lo, n_hi = _program_share(n, block_rows)
     g = group_blocks(m, block_rows)
-    mask = nl.load(mask_in)
-    sel = nl.load(sel_in)
-    x_t = _x_transposed(x, kp)
-    itemsize = 4 if x.dtype == nl.float32 else 2
-    chunk = max(g, XS_BYTES // (len(x_t) * m * itemsize) // g * g)   # blocks per scaled-x chunk
+    mask, sel = nl.load(mask_in), nl.load(sel_in)
+    rep_x, rep_s = nl.load(rep_x_in), nl.load(rep_s_in)
+    x_rows = nl.load(x_in)                                   # [M, Kp]: one DMA
+    y_all = nl.ndarray((m, max(1, n_hi - n_lo)), dtype=x_in.dtype, buffer=nl.sbuf)
+    # the diagonal blocks sum exactly (one non-zero term), so a bf16 model rounds them once either way
+    diag_dtype = nl.float32 if x_in.dtype == nl.float32 else x_in.dtype
     b_lo, b_hi = n_lo // block_rows, -(-n_hi // block_rows)
-    for c0 in nl.static_range(b_lo, b_hi, chunk):
-        cb = min(chunk, b_hi - c0)
-        xs = _scaled_x(x_t, s_kn, c0, cb, m, x.dtype)
-        for j0 in nl.static_range(0, cb, g):
-            gb = min(g, cb - j0)
-            n0 = (c0 + j0) * block_rows
-            nt = min(gb * block_rows, n_hi - n0)
-            acc = nl.zeros((gb * m, nt), dtype=nl.float32, buffer=nl.psum)
-            for kt in nl.static_range(len(x_t)):
-                codes = nl.load(w_kn[kt * K_TILE:(kt + 1) * K_TILE, n0:n0 + nt])
-                acc += nisa.nc_matmul(xs[kt][:, j0 * m:(j0 + gb) * m], codes.view(nl.float8_e4m3))
-            diag = nisa.tensor_tensor(acc, mask[0:gb * m, 0:nt], nl.multiply, dtype=nl.float32)
-            y = nisa.nc_matmul(sel[0:gb * m, 0:m], diag, is_stationary_onezero=True)
-            nl.store(out[:, n0:n0 + nt], nl.copy(y, dtype=x.dtype))
+    for b0 in nl.static_range(b_lo, b_hi, g):
+        gb = min(g, b_hi - b0)
+        n0 = b0 * block_rows
+        nt = min(gb * block_rows, n_hi - n0)
+        scales = nl.load(s_bk[b0:b0 + gb, :])                # [gb, Kp] bf16 scale values: one DMA
+        codes = nl.load(w_p[:, :, n0:n0 + nt])               # [128, K tiles, nt]: one DMA
+        xs = _scaled_x(x_rows, rep_x, scales, rep_s, gb, m, x_in.dtype)
+        acc = nl.zeros((gb * m, nt), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.static_range(kts):
+            acc += nisa.nc_matmul(xs[:, kt, :], codes[:, kt, :].view(nl.float8_e4m3))
+        diag = nisa.tensor_tensor(acc, mask[0:gb * m, 0:nt], nl.multiply, dtype=diag_dtype)
+        y = nisa.nc_matmul(sel[0:gb * m, 0:m], diag, is_stationary_onezero=True)
+        y_all[:, n0 - n_lo:n0 - n_lo + nt] = nisa.activation(nl.copy, y, dtype=x_in.dtype)   # Scalar Engine
+    if n_hi > n_lo:
+        nl.store(out[:, n_lo:n_hi], y_all)
     return out
 
 
