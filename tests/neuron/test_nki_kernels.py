@@ -129,12 +129,13 @@ def test_blockquant_fp8_gemm_tensor_design_counts():
     s = ops.last_stats().as_dict()
     k_tiles = k // K_TILE
     groups = 3             # program 0: 17 blocks (16 + 1), program 1: 16 blocks
-    # per group and K tile: x and scale rows spread (2) and the main matmul; per group the selector
-    assert s["instructions"]["tensor"] == groups * (3 * k_tiles + 1)
+    # per program and K tile x spread once; per group and K tile the scale rows spread and the main
+    # matmul; per group the selector
+    assert s["instructions"]["tensor"] == 2 * k_tiles + groups * (2 * k_tiles + 1)
     # per group: one scaled-x multiply (its K tiles fit one PSUM bank) and the mask multiply; no
     # per-(K tile, row) or per-block instruction
     assert s["instructions"]["vector"] == groups * 2
-    assert s["instructions"]["scalar"] == groups          # the output copies
+    assert s["instructions"]["scalar"] == groups + 2      # the output copies, a program's spread x
     # per program 5 small loads (x, 4 0/1 tiles) and one store; per group the codes and the scales
     assert s["instructions"]["dma"] == 2 * 6 + groups * 2
     assert s["matmul_flops"] >= 2 * m * n * k

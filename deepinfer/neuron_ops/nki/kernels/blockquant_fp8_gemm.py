@@ -8,9 +8,9 @@ exponent bytes per block_rows x block_cols block. Two designs:
   while the weight bytes alone take ~0.067 ms. A 32 x 32 scale changes every 32 along K, so it
   cannot be applied once per 128-wide K tile at PSUM evacuation; it is folded into the small
   operand instead: for each N block b, xs_b[k, m] = x[m, k] * s[b, k] (exact: a power of two),
-  M x K x N/32 elements, not K x N. The Tensor Engine lays both factors out (x rows and scale rows
-  as stationary operands against 0/1 moving ones, `_scaled_x`), so the Vector Engine makes a
-  group's scaled x in one multiply per PSUM bank of K tiles. One matmul per K tile and group of
+  M x K x N/32 elements, not K x N. The Tensor Engine lays both factors out (x rows once a call,
+  `_spread_x`, and each group's scale rows, `_scaled_x`, as stationary operands against 0/1 moving
+  ones), so the Vector Engine makes a group's scaled x in one multiply per PSUM bank of K tiles. One matmul per K tile and group of
   g = min(16, 128 / M) N blocks: stationary xs over the group ([128, g*M], rows (block, m)), moving
   the group's fp8 codes ([128, g*32]); PSUM [g*M, g*32] accumulates over K and holds every block's
   scaled x against every block's columns. Evacuating it keeps the diagonal blocks: a 0/1 mask
@@ -70,25 +70,40 @@ def _x_transposed(x, kp):
     return x_t
 
 
-def _scaled_x(x_rows, rep_x, scales, rep_s, gb, m, dtype):
-    """[128, K tiles, gb*M] in x's dtype: xs[k, kt, j*M + i] = x[i, kt*128 + k] * s[b0 + j, kt*128 + k].
-    Both factors are spread along the free axis by the Tensor Engine (a 0/1 moving operand copies
-    each stationary row to the columns it owns: x rows to every block's M columns, scale rows to their
-    block's M columns), so the Vector Engine runs one multiply per PSUM bank of K tiles, not one per
-    (K tile, row) or (K tile, block)."""
-    kts = x_rows.shape[1] // K_TILE
-    w = gb * m
-    per_bank = max(1, N_TILE // w)            # K tiles whose w columns fit one fp32 PSUM bank
+def _bank_chunks(kts, w):
+    """(first K tile, count) chunks whose w fp32 columns each fit one PSUM bank."""
+    per_bank = max(1, N_TILE // w)
+    return [(c0, min(per_bank, kts - c0)) for c0 in range(0, kts, per_bank)]
+
+
+def _spread_x(x_rows, rep_x, g, m, dtype):
+    """[128, K tiles, g*M] in x's dtype: xr[k, kt, j*M + i] = x[i, kt*128 + k] for every block j, once
+    a call: x rows as the stationary operand against the 0/1 rep_x (transpose and copy in one matmul),
+    the Scalar Engine copying each PSUM bank out."""
+    kts, w = x_rows.shape[1] // K_TILE, g * m
+    xr = nl.ndarray((K_TILE, kts, w), dtype=dtype, buffer=nl.sbuf)
+    for c0, cc in _bank_chunks(kts, w):
+        bank = nl.ndarray((K_TILE, cc, w), dtype=nl.float32, buffer=nl.psum)
+        for i in nl.static_range(cc):
+            k0 = (c0 + i) * K_TILE
+            bank[:, i, :] = nisa.nc_matmul(x_rows[:, k0:k0 + K_TILE], rep_x[:, 0:w], is_moving_onezero=True)
+        xr[:, c0:c0 + cc, :] = nisa.activation(nl.copy, bank, dtype=dtype)
+    return xr
+
+
+def _scaled_x(xr, scales, rep_s, gb, m, dtype):
+    """[128, K tiles, gb*M]: xs[k, kt, j*M + i] = x[i, kt*128 + k] * s[b0 + j, kt*128 + k]. The scale
+    rows are spread along the free axis by the Tensor Engine (stationary against the 0/1 rep_s), so
+    the Vector Engine runs one multiply per PSUM bank of K tiles, not one per (K tile, row) or
+    (K tile, block)."""
+    kts, w = xr.shape[1], gb * m
     xs = nl.ndarray((K_TILE, kts, w), dtype=dtype, buffer=nl.sbuf)
-    for c0 in nl.static_range(0, kts, per_bank):
-        cc = min(per_bank, kts - c0)
-        xr = nl.ndarray((K_TILE, cc, w), dtype=nl.float32, buffer=nl.psum)
+    for c0, cc in _bank_chunks(kts, w):
         sr = nl.ndarray((K_TILE, cc, w), dtype=nl.float32, buffer=nl.psum)
         for i in nl.static_range(cc):
             k0 = (c0 + i) * K_TILE
-            xr[:, i, :] = nisa.nc_matmul(x_rows[:, k0:k0 + K_TILE], rep_x[:, 0:w], is_moving_onezero=True)
             sr[:, i, :] = nisa.nc_matmul(scales[:, k0:k0 + K_TILE], rep_s[0:gb, 0:w], is_moving_onezero=True)
-        xs[:, c0:c0 + cc, :] = nisa.tensor_tensor(xr, sr, nl.multiply, dtype=dtype)
+        xs[:, c0:c0 + cc, :] = nisa.tensor_tensor(xr[:, c0:c0 + cc, 0:w], sr, nl.multiply, dtype=dtype)
     return xs
 
 
@@ -101,7 +116,7 @@ def blockquant_fp8_gemm_kernel(x_in, w_p, s_bk, mask_in, sel_in, rep_x_in, rep_s
     g = group_blocks(m, block_rows)
     mask, sel = nl.load(mask_in), nl.load(sel_in)
     rep_x, rep_s = nl.load(rep_x_in), nl.load(rep_s_in)
-    x_rows = nl.load(x_in)                                   # [M, Kp]: one DMA
+    xr = _spread_x(nl.load(x_in), rep_x, g, m, x_in.dtype)   # x: one DMA [M, Kp], spread once
     y_all = nl.ndarray((m, max(1, n_hi - n_lo)), dtype=x_in.dtype, buffer=nl.sbuf)
     # the diagonal blocks sum exactly (one non-zero term), so a bf16 model rounds them once either way
     diag_dtype = nl.float32 if x_in.dtype == nl.float32 else x_in.dtype
@@ -112,7 +127,7 @@ def blockquant_fp8_gemm_kernel(x_in, w_p, s_bk, mask_in, sel_in, rep_x_in, rep_s
         nt = min(gb * block_rows, n_hi - n0)
         scales = nl.load(s_bk[b0:b0 + gb, :])                # [gb, Kp] bf16 scale values: one DMA
         codes = nl.load(w_p[:, :, n0:n0 + nt])               # [128, K tiles, nt]: one DMA
-        xs = _scaled_x(x_rows, rep_x, scales, rep_s, gb, m, x_in.dtype)
+        xs = _scaled_x(xr, scales, rep_s, gb, m, x_in.dtype)
         acc = nl.zeros((gb * m, nt), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.static_range(kts):
             acc += nisa.nc_matmul(xs[:, kt, :], codes[:, kt, :].view(nl.float8_e4m3))
