@@ -230,6 +230,14 @@ def _fp4_onehot(group: int, design: str = "words") -> torch.Tensor:
     return (hit.to(torch.float32) * fp4_onehot_value(design)).to(torch.bfloat16)
 
 
+def _fp4_scales(exps: torch.Tensor, design: str) -> torch.Tensor:
+    """The scale layout a design reads: the ue8m0 bytes, or (design "words") their values 2^(e - 127)
+    as bf16 (the byte is bf16's exponent field)."""
+    if design != "words":
+        return exps.contiguous()
+    return (exps.to(torch.int16) << 7).view(torch.bfloat16).contiguous()
+
+
 def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> None:
     if w_packed.dtype != torch.uint8 or w_scale.dtype != torch.uint8:
         raise ValueError(f"{name}: packed codes and scales must be uint8 bytes")
@@ -253,7 +261,8 @@ def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.
         return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid, design=design)
                           for r in range(0, x.shape[0], _ROWS_MAX)])
     out = _run(blockquant_fp4_gemm_kernel, _grid(grid), x[:, 0::2].contiguous(), x[:, 1::2].contiguous(),
-               w_packed.t().contiguous(), w_scale.t().contiguous(), _fp4_onehot(group, design), int(group), design)
+               w_packed.t().contiguous(), _fp4_scales(w_scale.t(), design), _fp4_onehot(group, design), int(group),
+               design)
     return _torch(out)
 
 
@@ -304,7 +313,7 @@ def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     def project(rows, w, s):   # rows [Sx, M, K] -> [S, M, N]
         return _torch(_run(fp4_active_experts_kernel, _grid(grid), rows[..., 0::2].contiguous(),
                            rows[..., 1::2].contiguous(), w.transpose(1, 2).contiguous(),
-                           s.transpose(1, 2).contiguous(), onehot, ids_in, count_in, int(group)))
+                           _fp4_scales(s.transpose(1, 2), "words"), onehot, ids_in, count_in, int(group)))
     gu = project(x[None], w13, w13_scale)                                         # [S, M, 2I]
     h = swiglu(gu[..., :inter].reshape(slots * m, inter).contiguous(),
                gu[..., inter:].reshape(slots * m, inter).contiguous(), limit).reshape(slots, m, inter)

@@ -17,7 +17,9 @@ Layout the kernel reads (prepared by ops.blockquant_fp4_gemm; the weight bytes a
 transposed K-major):
   x_lo, x_hi [M, K/2]  the even / odd K columns of x (byte row j of W pairs x[:, 2j] and x[:, 2j+1])
   w_t        [K/2, N]  uint8 nibble pairs, packed K on partitions
-  s_t        [K/g, N]  uint8 ue8m0 exponents, row r = the scales of K elements [r*g, (r+1)*g)
+  s_t        [K/g, N]  uint8 ue8m0 exponents, row r = the scales of K elements [r*g, (r+1)*g); for
+                       design "words" the scale values 2^(e - 127) as bf16 instead (what a load is to
+                       store: 2 bytes per 32 weights, which saves a Vector Engine shift per tile)
   onehot     [128/(g/2), 128] bf16 one-hot rows: onehot[r, p] = 1 where byte row p is in scale row r
 Nibbles map to values without a table: for the magnitude code c in 0..7, e2m1 is
 0.5*c + 0.5*relu(c - 4) + relu(c - 6) (0, .5, 1, 1.5, 2, 3, 4, 6), times -1 when bit 3 is set: small
@@ -106,9 +108,10 @@ def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, desig
         s0 = k0 // rows_per_scale
         sr = -(-kr // rows_per_scale)
         packed = nl.load(w_t[k0:k0 + kr, n0:n0 + nt])
-        exps = nl.load(s_t[s0:s0 + sr, n0:n0 + nt])
-        # ue8m0 byte e is the bf16 exponent field of 2^(e - 127): bits e << 7
-        scales = nisa.tensor_scalar(exps, nl.left_shift, 7, dtype=nl.uint16).view(nl.bfloat16)
+        scales = nl.load(s_t[s0:s0 + sr, n0:n0 + nt])
+        if scales.dtype != nl.bfloat16:
+            # ue8m0 byte e is the bf16 exponent field of 2^(e - 127): bits e << 7
+            scales = nisa.tensor_scalar(scales, nl.left_shift, 7, dtype=nl.uint16).view(nl.bfloat16)
         scale_rows = nisa.nc_matmul(onehot[0:sr, 0:kr], scales)          # PSUM [kr, nt]: row p = its scale
         if design == "words":
             w_lo, w_hi = decode_words(packed, scale_rows, dtype)
