@@ -73,3 +73,14 @@ def test_words_cost_less_than_the_float_decodes():
         ops.blockquant_fp4_gemm(x, packed, scale, 32, design=design)
         times[design] = ops.last_stats().predicted_s
     assert times["words"] < times["spread"] / 2 < times["vector"] / 2
+
+
+def test_rows_up_to_512_share_one_decode_of_each_weight_tile():
+    packed, scale = _weight(1024, 1024)
+    x = torch.randn(300, 1024, generator=GEN).bfloat16()
+    got = ops.blockquant_fp4_gemm(x, packed, scale, 32)
+    assert ops.last_stats().launches == 1
+    many = ops.last_stats().predicted_s
+    ops.blockquant_fp4_gemm(x[:100], packed, scale, 32)
+    assert many < 1.5 * ops.last_stats().predicted_s        # 3x the rows, the decode once
+    assert torch.equal(got, ops.blockquant_fp4_gemm(x, packed, scale, 32, design="vector"))

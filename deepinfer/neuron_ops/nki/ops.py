@@ -19,6 +19,7 @@ import torch
 from deepinfer.neuron_ops.nki import api, counts
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import K_ROWS as FP4_K_ROWS
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import DESIGNS as FP4_DESIGNS
+from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import ROWS_MAX as FP4_ROWS_MAX
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import blockquant_fp4_gemm_kernel
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import onehot_value as fp4_onehot_value
 from deepinfer.neuron_ops.nki.kernels.fp4_active_experts import fp4_active_experts_kernel
@@ -257,9 +258,9 @@ def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.
     _fp4_check("blockquant_fp4_gemm", w_packed, w_scale, group)
     if design not in FP4_DESIGNS:
         raise ValueError(f"blockquant_fp4_gemm: design {design!r} is not one of {FP4_DESIGNS}")
-    if x.shape[0] > _ROWS_MAX:
-        return torch.cat([blockquant_fp4_gemm(x[r:r + _ROWS_MAX], w_packed, w_scale, group, grid=grid, design=design)
-                          for r in range(0, x.shape[0], _ROWS_MAX)])
+    if x.shape[0] > FP4_ROWS_MAX:
+        return torch.cat([blockquant_fp4_gemm(x[r:r + FP4_ROWS_MAX], w_packed, w_scale, group, grid=grid,
+                                              design=design) for r in range(0, x.shape[0], FP4_ROWS_MAX)])
     out = _run(blockquant_fp4_gemm_kernel, _grid(grid), x[:, 0::2].contiguous(), x[:, 1::2].contiguous(),
                w_packed.t().contiguous(), _fp4_scales(w_scale.t(), design), _fp4_onehot(group, design), int(group),
                design)
@@ -298,10 +299,11 @@ def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     them; the kernels' DMAs read the hit experts' tiles alone."""
     from deepinfer.model_executor.layers.moe import active_expert_slots, combine_weights
     _fp4_check("fp4_active_experts", w13, w13_scale, group)
-    if x.shape[0] > _ROWS_MAX:
-        return torch.cat([fp4_active_experts(x[r:r + _ROWS_MAX], idx[r:r + _ROWS_MAX], weights[r:r + _ROWS_MAX],
+    if x.shape[0] > FP4_ROWS_MAX:
+        step = FP4_ROWS_MAX
+        return torch.cat([fp4_active_experts(x[r:r + step], idx[r:r + step], weights[r:r + step],
                                              w13, w13_scale, w2, w2_scale, group, limit, grid=grid)
-                          for r in range(0, x.shape[0], _ROWS_MAX)])
+                          for r in range(0, x.shape[0], step)])
     n_experts, inter, m = w13.shape[0], w2.shape[2] * 2, x.shape[0]
     comb = combine_weights(idx, weights, n_experts)
     ids, count = active_expert_slots(idx, weights, n_experts)

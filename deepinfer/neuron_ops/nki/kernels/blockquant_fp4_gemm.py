@@ -26,8 +26,9 @@ Nibbles map to values without a table: for the magnitude code c in 0..7, e2m1 is
 integers and halves, exact in any float format. The scales vary along K (partitions) in steps of g/2
 byte rows; the Tensor Engine spreads them onto the partitions (onehot^T @ scales, exact for powers of
 two) instead of the host storing one scale byte per weight byte.
-Tiling: x^T tiles [<=128, M] stationary (two per K tile: even and odd columns), decoded weight tiles
-[<=128, <=512] moving, fp32 PSUM accumulation over K, grid 2 splits N (LNC 2)."""
+Tiling: x^T tiles [<=128, <=128 rows] stationary (two per K tile: even and odd columns; up to
+ROWS_MAX rows a launch in chunks of 128, each decoded weight tile used by every chunk), decoded
+weight tiles [<=128, <=512] moving, fp32 PSUM accumulation over K, grid 2 splits N (LNC 2)."""
 from deepinfer.neuron_ops.nki.api import nisa, nki, nl
 from deepinfer.neuron_ops.nki.kernels.fp4_word_decode import NIBBLE_SCALE, decode_words
 
@@ -75,6 +76,10 @@ def decode_spread(packed, scale_rows, dtype):
     return out
 
 
+ROW_CHUNK = 128   # activation rows per x^T tile (the stationary free size)
+ROWS_MAX = 512    # rows a launch: 4 row chunks' fp32 accumulators (a PSUM bank each) + the scale rows
+
+
 def transpose_halves(lo_rows, hi_rows, kb):
     """x^T tiles of the even / odd columns: lists of SBUF [<=128, M] per K tile (Tensor Engine)."""
     lo_t, hi_t = [], []
@@ -83,6 +88,17 @@ def transpose_halves(lo_rows, hi_rows, kb):
         lo_t.append(nl.copy(nisa.nc_transpose(lo_rows[:, k0:k0 + kr])))
         hi_t.append(nl.copy(nisa.nc_transpose(hi_rows[:, k0:k0 + kr])))
     return lo_t, hi_t
+
+
+def row_chunks(x_lo, x_hi, kb):
+    """The rows of HBM x_lo / x_hi [M, kb] in chunks of <= ROW_CHUNK: (r0, r1, lo_t, hi_t) each, so
+    one decoded weight tile serves every chunk (the decode is the kernel's cost, not the matmuls)."""
+    m = x_lo.shape[0]
+    out = []
+    for r0 in nl.static_range(0, m, ROW_CHUNK):
+        r1 = min(m, r0 + ROW_CHUNK)
+        out.append((r0, r1) + transpose_halves(nl.load(x_lo[r0:r1]), nl.load(x_hi[r0:r1]), kb))
+    return out
 
 
 DESIGNS = ("words", "spread", "vector")
@@ -94,15 +110,16 @@ def onehot_value(design: str) -> float:
     return NIBBLE_SCALE if design == "words" else 1.0
 
 
-def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, design="words"):
-    """PSUM [m, nt] fp32 = x @ W[n0:n0+nt]^T over every K tile (decoded weights in `dtype`); design
+def fp4_tile_matmul(chunks, w_t, s_t, onehot, group, n0, nt, dtype, design="words"):
+    """Per row chunk of `chunks` (row_chunks), PSUM [rows, nt] fp32 = x @ W[n0:n0+nt]^T over every K
+    tile, each weight tile decoded once (into `dtype`) for all chunks; design
     "words" (decode_words: e4m3 codes by integer ops on 32-bit words; needs nt % 4 == 0 and the
     one-hot at onehot_value("words")), "spread" (decode_spread) or "vector" (decode_e2m1 on the
     Vector Engine alone, the seed's way)."""
     kb = w_t.shape[0]
     rows_per_scale = group // 2
-    acc = nl.zeros((m, nt), dtype=nl.float32, buffer=nl.psum)
-    for kt in nl.static_range(len(lo_t)):
+    accs = [nl.zeros((r1 - r0, nt), dtype=nl.float32, buffer=nl.psum) for r0, r1, _, _ in chunks]
+    for kt in nl.static_range(len(chunks[0][2])):
         k0 = kt * K_ROWS
         kr = min(K_ROWS, kb - k0)
         s0 = k0 // rows_per_scale
@@ -122,9 +139,10 @@ def fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, dtype, desig
             hi = nisa.tensor_scalar(packed, nl.right_shift, 4, dtype=nl.int32)
             w_lo = nisa.tensor_tensor(decode_e2m1(lo, nl.float32), scale_rows, nl.multiply, dtype=dtype)
             w_hi = nisa.tensor_tensor(decode_e2m1(hi, nl.float32), scale_rows, nl.multiply, dtype=dtype)
-        acc += nisa.nc_matmul(lo_t[kt], w_lo)
-        acc += nisa.nc_matmul(hi_t[kt], w_hi)
-    return acc
+        for acc, (_, _, lo_t, hi_t) in zip(accs, chunks):
+            acc += nisa.nc_matmul(lo_t[kt], w_lo)
+            acc += nisa.nc_matmul(hi_t[kt], w_hi)
+    return accs
 
 
 @nki.jit
@@ -136,9 +154,10 @@ def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group, design="w
     n_lo = nl.program_id(0) * share
     n_hi = min(n, n_lo + share)
     onehot = nl.load(onehot_in)
-    lo_t, hi_t = transpose_halves(nl.load(x_lo), nl.load(x_hi), kb)
+    chunks = row_chunks(x_lo, x_hi, kb)
     for n0 in nl.static_range(n_lo, n_hi, N_TILE):
         nt = min(N_TILE, n_hi - n0)
-        acc = fp4_tile_matmul(lo_t, hi_t, w_t, s_t, onehot, group, n0, nt, m, x_lo.dtype, design)
-        nl.store(out[:, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
+        accs = fp4_tile_matmul(chunks, w_t, s_t, onehot, group, n0, nt, x_lo.dtype, design)
+        for acc, (r0, r1, _, _) in zip(accs, chunks):
+            nl.store(out[r0:r1, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
     return out

@@ -17,7 +17,7 @@ down projection of its SwiGLU output); w_t [E, K/2, N] and s_t [E, K/g, N] K-maj
 blockquant_fp4_gemm; ids [S, 1, 1] int32; count [1, 1] int32. Output [S, M, N] in x's dtype; grid 2
 splits N."""
 from deepinfer.neuron_ops.nki.api import nisa, nki, nl
-from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import N_TILE, fp4_tile_matmul, transpose_halves
+from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import N_TILE, fp4_tile_matmul, row_chunks
 
 
 @nki.jit
@@ -33,16 +33,17 @@ def fp4_active_experts_kernel(x_lo, x_hi, w_t, s_t, onehot_in, ids, count, group
     n_active = nisa.register_alloc()
     nisa.register_load(n_active, nl.load(count))
     if shared_rows:
-        lo_t, hi_t = transpose_halves(nl.load(x_lo[0]), nl.load(x_hi[0]), kb)
+        chunks = row_chunks(x_lo[0], x_hi[0], kb)
     for j in nl.dynamic_range(n_active):
         id_tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=id_tile, src=ids[j])
         expert = nisa.register_alloc()
         nisa.register_load(expert, id_tile)
         if not shared_rows:
-            lo_t, hi_t = transpose_halves(nl.load(x_lo[j]), nl.load(x_hi[j]), kb)
+            chunks = row_chunks(x_lo[j], x_hi[j], kb)
         for n0 in nl.static_range(n_lo, n_hi, N_TILE):
             nt = min(N_TILE, n_hi - n0)
-            acc = fp4_tile_matmul(lo_t, hi_t, w_t[expert], s_t[expert], onehot, group, n0, nt, m, x_lo.dtype)
-            nl.store(out[j, :, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
+            accs = fp4_tile_matmul(chunks, w_t[expert], s_t[expert], onehot, group, n0, nt, x_lo.dtype)
+            for acc, (r0, r1, _, _) in zip(accs, chunks):
+                nl.store(out[j, r0:r1, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
     return out
