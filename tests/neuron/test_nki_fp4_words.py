@@ -80,7 +80,9 @@ def test_rows_up_to_512_share_one_decode_of_each_weight_tile():
     x = torch.randn(300, 1024, generator=GEN).bfloat16()
     got = ops.blockquant_fp4_gemm(x, packed, scale, 32)
     assert ops.last_stats().launches == 1
-    many = ops.last_stats().predicted_s
+    many = ops.last_stats().engine_s
     ops.blockquant_fp4_gemm(x[:100], packed, scale, 32)
-    assert many < 1.5 * ops.last_stats().predicted_s        # 3x the rows, the decode once
+    few = ops.last_stats().engine_s
+    # 3x the rows: the Vector Engine's decode work is the same (once per weight tile), the matmuls grow
+    assert many["vector"] == pytest.approx(few["vector"]) and many["tensor"] > 2 * few["tensor"]
     assert torch.equal(got, ops.blockquant_fp4_gemm(x, packed, scale, 32, design="vector"))

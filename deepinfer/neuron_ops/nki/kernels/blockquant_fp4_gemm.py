@@ -85,8 +85,9 @@ def transpose_halves(lo_rows, hi_rows, kb):
     lo_t, hi_t = [], []
     for k0 in nl.static_range(0, kb, K_ROWS):
         kr = min(K_ROWS, kb - k0)
-        lo_t.append(nl.copy(nisa.nc_transpose(lo_rows[:, k0:k0 + kr])))
-        hi_t.append(nl.copy(nisa.nc_transpose(hi_rows[:, k0:k0 + kr])))
+        # PSUM -> SBUF on the Scalar Engine: the Vector Engine is the decode's bound
+        lo_t.append(nisa.activation(nl.copy, nisa.nc_transpose(lo_rows[:, k0:k0 + kr])))
+        hi_t.append(nisa.activation(nl.copy, nisa.nc_transpose(hi_rows[:, k0:k0 + kr])))
     return lo_t, hi_t
 
 
@@ -159,5 +160,5 @@ def blockquant_fp4_gemm_kernel(x_lo, x_hi, w_t, s_t, onehot_in, group, design="w
         nt = min(N_TILE, n_hi - n0)
         accs = fp4_tile_matmul(chunks, w_t, s_t, onehot, group, n0, nt, x_lo.dtype, design)
         for acc, (r0, r1, _, _) in zip(accs, chunks):
-            nl.store(out[r0:r1, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
+            nl.store(out[r0:r1, n0:n0 + nt], nisa.activation(nl.copy, acc, dtype=x_lo.dtype))
     return out

@@ -45,5 +45,5 @@ def fp4_active_experts_kernel(x_lo, x_hi, w_t, s_t, onehot_in, ids, count, group
             nt = min(N_TILE, n_hi - n0)
             accs = fp4_tile_matmul(chunks, w_t[expert], s_t[expert], onehot, group, n0, nt, x_lo.dtype)
             for acc, (r0, r1, _, _) in zip(accs, chunks):
-                nl.store(out[j, r0:r1, n0:n0 + nt], nl.copy(acc, dtype=x_lo.dtype))
+                nl.store(out[j, r0:r1, n0:n0 + nt], nisa.activation(nl.copy, acc, dtype=x_lo.dtype))
     return out

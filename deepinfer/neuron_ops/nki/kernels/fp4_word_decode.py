@@ -16,8 +16,10 @@ four two-operator tensor_scalar instructions on the Vector Engine, the two ORs o
 
 The scale. A 1x32 ue8m0 scale varies along N and every 16 byte rows along K, so no operand of the
 matmul can carry it (x is shared by every column); each decoded weight is multiplied by its scale
-once, in x's dtype: most of the low half on the Vector Engine against the scale rows in PSUM, the
-rest on GpSimd against an SBUF copy the Scalar Engine makes (GpSimd does not read PSUM). The scale rows
+once, in x's dtype: the low half on the Vector Engine against the scale rows in PSUM, the high half
+on GpSimd against an SBUF copy the Scalar Engine makes (GpSimd does not read PSUM). With the bit
+work on the Vector Engine and the ORs on GpSimd this balances the two (any further split costs
+GpSimd its 150-cycle start per instruction). The scale rows
 the caller passes carry the 2^6 (its one-hot matrix holds 64, exact for powers of two), so a decoded
 weight is e2m1 * 2^(e - 127) rounded once to x's dtype: the same weights as the other designs.
 """
@@ -25,7 +27,6 @@ from deepinfer.neuron_ops.nki.api import nisa, nl
 
 NIBBLE_SCALE = 64.0            # e4m3 code of a nibble = its e2m1 value * 2^-6; the scale rows carry 2^6
 LOW_MAGNITUDE, HIGH_MAGNITUDE, SIGNS = 0x07070707, 0x1C1C1C1C, 0x80808080
-VECTOR_SHARE = 0.9375          # of the low half's scale multiply (the rest runs on GpSimd): balances the two
 
 
 def _whole_words(packed):
@@ -57,15 +58,7 @@ def decode_words(packed, scale_rows, dtype):
     """Both nibble halves of a byte tile [P, F] as weights in `dtype` times their scales; scale_rows
     (PSUM [P, F] fp32) = 2^6 * the scale of each byte."""
     lo, hi = _e4m3_halves(packed)
-    p, f = packed.shape
     scale_sbuf = nisa.activation(nl.copy, scale_rows, dtype=nl.bfloat16)     # Scalar Engine: PSUM -> SBUF
-    # the low half's first VECTOR_SHARE columns on the Vector Engine, the rest of both halves on GpSimd:
-    # the Vector Engine also runs the bit work, so this share balances the two engines' busy times
-    split = max(1, int(f * VECTOR_SHARE))
-    w_lo = nl.ndarray((p, f), dtype=dtype, buffer=nl.sbuf)
-    w_lo[:, 0:split] = nisa.tensor_tensor(lo[:, 0:split], scale_rows[:, 0:split], nl.multiply, dtype=dtype)
-    if split < f:
-        w_lo[:, split:f] = nisa.tensor_tensor(lo[:, split:f], scale_sbuf[:, split:f], nl.multiply, dtype=dtype,
-                                              engine=nisa.gpsimd_engine)
+    w_lo = nisa.tensor_tensor(lo, scale_rows, nl.multiply, dtype=dtype)
     w_hi = nisa.tensor_tensor(hi, scale_sbuf, nl.multiply, dtype=dtype, engine=nisa.gpsimd_engine)
     return w_lo, w_hi
