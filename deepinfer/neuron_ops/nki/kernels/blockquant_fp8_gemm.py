@@ -10,8 +10,8 @@ exponent bytes per block_rows x block_cols block. Two designs:
   operand instead: for each N block b, xs_b[k, m] = x[m, k] * s[b, k] (exact: a power of two),
   M x K x N/32 elements, not K x N. The Tensor Engine lays both factors out (x rows once a call,
   `_spread_x`, and each group's scale rows, `_scaled_x`, as stationary operands against 0/1 moving
-  ones), so the Vector Engine makes a group's scaled x in one multiply per PSUM bank of K tiles. One matmul per K tile and group of
-  g = min(16, 128 / M) N blocks: stationary xs over the group ([128, g*M], rows (block, m)), moving
+  ones), so the Vector Engine makes a group's scaled x in one multiply per PSUM bank of K tiles.
+  One matmul per K tile and group of g = min(16, 128 / M) N blocks: stationary xs over the group ([128, g*M], rows (block, m)), moving
   the group's fp8 codes ([128, g*32]); PSUM [g*M, g*32] accumulates over K and holds every block's
   scaled x against every block's columns. Evacuating it keeps the diagonal blocks: a 0/1 mask
   multiply (Vector Engine, PSUM -> SBUF) and a matmul with a 0/1 selector that sums the g row blocks
