@@ -69,6 +69,9 @@ class BucketSpec:
     # Every bucket's token count a power of two (Neuron, docs/neuron.md §4 B3): prompt buckets are
     # rounded up, verification buckets of R x (1 + B) tokens padded up with placeholder rows.
     pow2_tokens: bool = False
+    # The row buckets with a verification bucket (None: every row bucket). A verification step with more
+    # rows than the largest runs in a prompt bucket (Neuron keeps its compile budget so, §5.10).
+    verify_rows: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if not self.batch or any(b < 1 for b in self.batch):
@@ -76,6 +79,9 @@ class BucketSpec:
         if self.pow2_tokens and any(b != next_pow2(b) for b in self.batch):
             raise ValueError(f"DEEPINFER_NEURON_ROW_BUCKETS: row buckets must be powers of two (docs/neuron.md "
                              f"§4 B3), got {self.batch}")
+        if self.verify_rows is not None and not set(self.verify_rows) <= set(self.batch):
+            raise ValueError(f"DEEPINFER_NEURON_VERIFY_ROWS: each must be one of the row buckets {self.batch}, "
+                             f"got {self.verify_rows}")
         if self.contexts is not None and (not self.contexts or any(c < 1 for c in self.contexts)):
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: must be positive integers, got {self.contexts}")
         if isinstance(self.prefill_tokens, int):
@@ -88,6 +94,11 @@ class BucketSpec:
         if self.contexts is not None and self.max_model_len is not None and max(self.contexts) < self.max_model_len:
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.contexts)}) must be "
                              f">= max_model_len ({self.max_model_len})")
+
+    @property
+    def verify_batch(self) -> tuple[int, ...]:
+        """The row buckets that get a verification bucket (verify_rows, else every row bucket)."""
+        return self.batch if self.verify_rows is None else tuple(sorted(self.verify_rows))
 
     @property
     def seqs_bound(self) -> int:
@@ -125,7 +136,7 @@ class BucketSpec:
         q = self.verify_tokens
         for ctx in self.context_ladder():
             out += [Bucket(num_seqs=b, num_tokens=b, context=ctx) for b in self.batch]
-            out += [self._verify_bucket([], b, ctx) for b in self.batch if q > 1]
+            out += [self._verify_bucket([], b, ctx) for b in self.verify_batch if q > 1]
             out += [Bucket(num_seqs=-(-p // ctx), num_tokens=p, context=ctx) for p in self.prefill_tokens or ()]
         return out
 
@@ -150,7 +161,7 @@ class BucketSpec:
         q = self.verify_tokens
         if q > 1 and all(c.num_new <= q for c in chunks):
             # Verification rows: a row bucket of q tokens a row (docs/neuron.md §5.1)
-            rows = next((b for b in self.batch if b >= n), None)
+            rows = next((b for b in self.verify_batch if b >= n), None)
             if rows is not None:
                 return self._verify_bucket(chunks, rows, ctx)
         p = next((b for b in self.prefill_tokens or () if b >= tokens), None)
