@@ -94,5 +94,5 @@ def test_sampled_drafts_run_the_heads_on_the_host(tiny_v41_dir):
     assert drafting
     for s in drafting:
         heads = s.phases.count("heads")
-        assert heads == B and s.by_phase["heads"]["device_to_host"] == 2 * heads, s.to_dict()
+        assert heads == B and s.by_phase["heads"]["device_to_host"] == 2 * heads, (s.phases, s.by_phase)
         assert s.by_phase["draft"]["device_to_host"] == 1 and _device_ops(s, ("draft",)) == 0, s.to_dict()

@@ -230,6 +230,16 @@ class NeuronRegionStrategy(RunnerStrategy):
                 self._returned(2)
         return hidden, base
 
+    def draft_heads(self, hidden, base, prev_ids):
+        """The per-depth Markov and confidence heads of rows the host samples (spec/proposer.py: a block
+        whose rows do not all draft by argmax) run eagerly, the sampler between depths on the host."""
+        if self.census is not None:
+            self.census.phase("heads")
+        with self._counting():
+            out = self.model.draft_heads(hidden, base, prev_ids)
+            self._returned(len(out))
+        return out
+
     @property
     def greedy_drafts_in_graph(self) -> bool:
         """Whether `forward_draft_greedy` runs the heads in the draft block's region (compiled steps)."""
