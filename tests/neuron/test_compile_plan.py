@@ -181,5 +181,5 @@ def test_plan_script_prints_and_writes_the_v41_flash_plan(defaults, tmp_path, ca
     spec.loader.exec_module(script)
     out = tmp_path / "plan.json"
     assert script.main(["--config", str(V41_FLASH), "--nextn", "5", "--json", str(out)]) == 0
-    assert "131 region graphs to compile" in capsys.readouterr().out
+    assert "63 region graphs to compile" in capsys.readouterr().out
     assert json.loads(out.read_text())["by_step"] == {"decode": 26, "draft": 2, "prefill": 35}
