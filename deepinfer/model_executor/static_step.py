@@ -72,6 +72,9 @@ class BucketSpec:
     # The row buckets with a verification bucket (None: every row bucket). A verification step with more
     # rows than the largest runs in a prompt bucket (Neuron keeps its compile budget so, §5.10).
     verify_rows: tuple[int, ...] | None = None
+    # A verification bucket's tokens rounded further up to the smallest row bucket that holds them, so
+    # that it is a decode bucket's token count and shares its graphs (Neuron, §5.10): 8 x 2 = 16 -> 64.
+    verify_shares_decode: bool = False
 
     def __post_init__(self):
         if not self.batch or any(b < 1 for b in self.batch):
@@ -107,9 +110,13 @@ class BucketSpec:
         return max(self.batch) + 1
 
     def verify_bucket_tokens(self, rows: int) -> int:
-        """Tokens of the verification bucket of `rows` rows: rows x (1 + B), or the next power of two."""
+        """Tokens of the verification bucket of `rows` rows: rows x (1 + B), or the next power of two, or
+        the decode bucket's token count that holds it (verify_shares_decode)."""
         t = rows * self.verify_tokens
-        return next_pow2(t) if self.pow2_tokens else t
+        t = next_pow2(t) if self.pow2_tokens else t
+        if self.verify_shares_decode:
+            t = min((b for b in self.batch if b >= t), default=t)
+        return t
 
     def context_bucket(self, need: int) -> int | None:
         if self.contexts is not None:

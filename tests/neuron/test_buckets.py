@@ -133,3 +133,8 @@ def test_only_the_verify_rows_get_verification_buckets():
     assert {b.num_tokens for b in spec.all_buckets()} == {8, 64, 512}
     with pytest.raises(ValueError, match="DEEPINFER_NEURON_VERIFY_ROWS"):
         BucketSpec(batch=(8, 64), contexts=(256,), prefill_tokens=None, verify_tokens=6, verify_rows=(16,))
+    # Neuron rounds a verification bucket up to the decode bucket that holds it: its graphs are shared
+    shared = BucketSpec(batch=(8, 64), contexts=(256,), prefill_tokens=(512,), verify_tokens=2, pow2_tokens=True,
+                        verify_rows=(8,), verify_shares_decode=True)
+    assert shared.verify_bucket_tokens(8) == 64 and {b.num_tokens for b in shared.all_buckets()} == {8, 64, 512}
+    assert shared.select([_chunk(10, 2, slot=i + 1) for i in range(3)]).num_tokens == 64

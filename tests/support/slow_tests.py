@@ -55,6 +55,7 @@ SLOW = {
     "neuron/test_verify_buckets.py::test_power_of_two_verification_buckets_keep_plain_greedy_tokens[4]": 46,
     "neuron/test_verify_buckets.py::test_power_of_two_verification_buckets_keep_plain_greedy_tokens_long": 122,
     "neuron/test_verify_buckets.py::test_warm_up_compiles_the_planned_verification_graphs": 90,
+    "neuron/test_verify_buckets.py::test_platform_buckets_verify_in_the_decode_bucket_with_its_graphs": 35,
     "neuron/test_nki_wiring.py::test_tiny_v41_simulated_kernels_give_the_cpu_tokens": 15,
     "neuron/test_packed_regions.py::test_packed_regions_give_the_cpu_tokens[v4]": 8,
     "neuron/test_engram_host.py::test_host_mode_greedy_tokens_equal_the_cpu_platform[dense]": 5,

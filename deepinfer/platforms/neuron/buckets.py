@@ -37,7 +37,8 @@ def default_context_buckets(max_model_len: int | None) -> tuple[int, ...] | None
 def default_verify_rows(rows: tuple[int, ...], verify_tokens: int) -> tuple[int, ...]:
     """The row buckets whose verification bucket (rows x verify_tokens up to a power of two) holds at
     most the largest row bucket's tokens: e.g. 8 rows x 6 = 48 -> 64 tokens, the decode bucket of 64
-    rows, whose graphs it shares (a verification step runs one region a layer, regions.SPLIT_POLICIES).
+    rows, whose graphs it shares (BucketSpec.verify_shares_decode rounds 16 or 32 up to 64 too; a
+    verification step runs one region a layer, regions.SPLIT_POLICIES).
     Larger verification steps run in the prompt bucket rather than compile a bucket of their own (a
     whole-layer bucket is 13 graphs of V4.1-Flash: 11 layer kinds, entry and exit). At least the
     smallest row bucket keeps one."""

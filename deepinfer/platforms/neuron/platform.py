@@ -120,6 +120,7 @@ class NeuronPlatform(Platform):
         verify = 1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0)
         return BucketSpec(batch=rows, contexts=contexts, prefill_tokens=prefill,
                           max_model_len=engine_config.max_model_len, verify_tokens=verify, pow2_tokens=True,
+                          verify_shares_decode=True,
                           verify_rows=tuple(self.verify_rows) if self.verify_rows else default_verify_rows(rows, verify))
 
     # -- config and kernels -----------------------------------------------------------------------
