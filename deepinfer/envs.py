@@ -111,12 +111,18 @@ ENV_VARS: list[EnvVar] = [
            "max_num_batched_tokens; a prompt step runs in the smallest that holds it (one graph per "
            "bucket x context bucket x layer kind); each is rounded up to a power of two. Unset: "
            "max_num_batched_tokens."),
-    EnvVar("DEEPINFER_NEURON_REGION_SPLIT", "multi_row", "choice",
-           "How Neuron region graphs cut a decoder layer: multi_row runs steps where a sequence feeds "
-           "several tokens (prompt chunks, verification) as three sub-regions (projections, indexer and "
-           "attention, MoE) and decode steps as one region a layer; never: one region a layer always; "
-           "always: sub-regions for every step.",
-           ("multi_row", "never", "always")),
+    EnvVar("DEEPINFER_NEURON_REGION_SPLIT", "prompt", "choice",
+           "How Neuron region graphs cut a decoder layer: prompt runs prompt-chunk steps as three "
+           "sub-regions (projections, indexer and attention, MoE) and decode and verification steps as one "
+           "region a layer (a verification step shares the graphs of the decode bucket of its token count); "
+           "multi_row splits verification steps too; never: one region a layer always; always: "
+           "sub-regions for every step.",
+           ("prompt", "multi_row", "never", "always")),
+    EnvVar("DEEPINFER_NEURON_VERIFY_ROWS", None, "int_list",
+           "Row buckets that get a speculative verification bucket (rows x (1 + B) tokens, padded to a power "
+           "of two), each one of the row buckets. Unset: those whose verification bucket holds at most as "
+           "many tokens as the largest row bucket; verification steps with more rows run in the "
+           "prompt-chunk bucket."),
     EnvVar("DEEPINFER_NEURON_COMPILE_CACHE_DIR", None, "str",
            "Persistent compile cache of the Neuron graphs when the engine's compile_cache_dir is not "
            "given. Unset: ~/.cache/deepinfer/neuron-compile ($XDG_CACHE_HOME/deepinfer/neuron-compile). "

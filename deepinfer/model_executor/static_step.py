@@ -69,6 +69,12 @@ class BucketSpec:
     # Every bucket's token count a power of two (Neuron, docs/neuron.md §4 B3): prompt buckets are
     # rounded up, verification buckets of R x (1 + B) tokens padded up with placeholder rows.
     pow2_tokens: bool = False
+    # The row buckets with a verification bucket (None: every row bucket). A verification step with more
+    # rows than the largest runs in a prompt bucket (Neuron keeps its compile budget so, §5.10).
+    verify_rows: tuple[int, ...] | None = None
+    # A verification bucket's tokens rounded further up to the smallest row bucket that holds them, so
+    # that it is a decode bucket's token count and shares its graphs (Neuron, §5.10): 8 x 2 = 16 -> 64.
+    verify_shares_decode: bool = False
 
     def __post_init__(self):
         if not self.batch or any(b < 1 for b in self.batch):
@@ -76,6 +82,9 @@ class BucketSpec:
         if self.pow2_tokens and any(b != next_pow2(b) for b in self.batch):
             raise ValueError(f"DEEPINFER_NEURON_ROW_BUCKETS: row buckets must be powers of two (docs/neuron.md "
                              f"§4 B3), got {self.batch}")
+        if self.verify_rows is not None and not set(self.verify_rows) <= set(self.batch):
+            raise ValueError(f"DEEPINFER_NEURON_VERIFY_ROWS: each must be one of the row buckets {self.batch}, "
+                             f"got {self.verify_rows}")
         if self.contexts is not None and (not self.contexts or any(c < 1 for c in self.contexts)):
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: must be positive integers, got {self.contexts}")
         if isinstance(self.prefill_tokens, int):
@@ -90,15 +99,24 @@ class BucketSpec:
                              f">= max_model_len ({self.max_model_len})")
 
     @property
+    def verify_batch(self) -> tuple[int, ...]:
+        """The row buckets that get a verification bucket (verify_rows, else every row bucket)."""
+        return self.batch if self.verify_rows is None else tuple(sorted(self.verify_rows))
+
+    @property
     def seqs_bound(self) -> int:
         """Real rows plus one: bounds the entries a step closes beyond tokens // m (each real chunk
         closes at most one more; placeholder chunks start at position 0 and close exactly n // m)."""
         return max(self.batch) + 1
 
     def verify_bucket_tokens(self, rows: int) -> int:
-        """Tokens of the verification bucket of `rows` rows: rows x (1 + B), or the next power of two."""
+        """Tokens of the verification bucket of `rows` rows: rows x (1 + B), or the next power of two, or
+        the decode bucket's token count that holds it (verify_shares_decode)."""
         t = rows * self.verify_tokens
-        return next_pow2(t) if self.pow2_tokens else t
+        t = next_pow2(t) if self.pow2_tokens else t
+        if self.verify_shares_decode:
+            t = min((b for b in self.batch if b >= t), default=t)
+        return t
 
     def context_bucket(self, need: int) -> int | None:
         if self.contexts is not None:
@@ -125,7 +143,7 @@ class BucketSpec:
         q = self.verify_tokens
         for ctx in self.context_ladder():
             out += [Bucket(num_seqs=b, num_tokens=b, context=ctx) for b in self.batch]
-            out += [self._verify_bucket([], b, ctx) for b in self.batch if q > 1]
+            out += [self._verify_bucket([], b, ctx) for b in self.verify_batch if q > 1]
             out += [Bucket(num_seqs=-(-p // ctx), num_tokens=p, context=ctx) for p in self.prefill_tokens or ()]
         return out
 
@@ -150,7 +168,7 @@ class BucketSpec:
         q = self.verify_tokens
         if q > 1 and all(c.num_new <= q for c in chunks):
             # Verification rows: a row bucket of q tokens a row (docs/neuron.md §5.1)
-            rows = next((b for b in self.batch if b >= n), None)
+            rows = next((b for b in self.verify_batch if b >= n), None)
             if rows is not None:
                 return self._verify_bucket(chunks, rows, ctx)
         p = next((b for b in self.prefill_tokens or () if b >= tokens), None)

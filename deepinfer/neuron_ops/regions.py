@@ -71,11 +71,13 @@ def int64_constant_sites(gm: torch.fx.GraphModule) -> list[str]:
     return out
 
 
-# multi_row: split the steps where a sequence feeds several tokens (prompt chunks, verification):
-# a 128-token chunk's attention ran 122 -> 62 ms a layer split, and the compiler segfaulted on
-# multi-row projections merged with the indexer, while one-token decode rows are fastest whole
-# (docs/neuron.md §4 B4, C5). never / always: one region a layer, or sub-regions for every step.
-SPLIT_POLICIES = ("multi_row", "never", "always")
+# prompt: split prompt-chunk steps only: a 128-token chunk's attention ran 122 -> 62 ms a layer split,
+# and the compiler segfaulted on long multi-row projections merged with the indexer, while decode
+# rows are fastest whole (docs/neuron.md §4 B4, C5). A verification step (1 + B <= 8 tokens a row)
+# runs whole too, so that it shares the graphs of the decode bucket of its token count (§5.10).
+# multi_row: split every step where a sequence feeds several tokens (prompt chunks and verification).
+# never / always: one region a layer, or sub-regions for every step.
+SPLIT_POLICIES = ("prompt", "multi_row", "never", "always")
 WHOLE = ("layer",)
 SUB_REGIONS = ("projections", "attention", "ffn")
 # The model's top level, one graph each per bucket: "entry" (the packed step inputs unpacked, prefix
@@ -85,16 +87,19 @@ SUB_REGIONS = ("projections", "attention", "ffn")
 TOP_REGIONS = ("entry", "exit", "draft")
 
 
-def splits(policy: str, num_seqs: int, num_tokens: int) -> bool:
-    """Whether a step of this bucket runs its layers as SUB_REGIONS under `policy`."""
+def splits(policy: str, num_seqs: int, num_tokens: int, prompt: bool | None = None) -> bool:
+    """Whether a step of this bucket runs its layers as SUB_REGIONS under `policy`. prompt: whether the
+    bucket is a prompt-chunk bucket (compile_plan.step_class); None: any multi-row bucket is."""
     if policy not in SPLIT_POLICIES:
         raise ValueError(f"region split policy: expected one of {'|'.join(SPLIT_POLICIES)}, got {policy!r}")
-    return policy == "always" or (policy == "multi_row" and num_tokens > num_seqs)
+    multi = num_tokens > num_seqs
+    return (policy == "always" or (policy == "multi_row" and multi)
+            or (policy == "prompt" and (multi if prompt is None else prompt)))
 
 
-def regions_of_step(policy: str, num_seqs: int, num_tokens: int) -> tuple[str, ...]:
+def regions_of_step(policy: str, num_seqs: int, num_tokens: int, prompt: bool | None = None) -> tuple[str, ...]:
     """The region names one layer runs as in a step of this bucket."""
-    return SUB_REGIONS if splits(policy, num_seqs, num_tokens) else WHOLE
+    return SUB_REGIONS if splits(policy, num_seqs, num_tokens, prompt) else WHOLE
 
 
 def _layer(layer, x, prev_pre, ctx, io):
@@ -185,9 +190,9 @@ class RegionRunner:
     def num_kinds(self) -> int:
         return len(self.stats.kinds)
 
-    def hook(self, num_seqs: int, num_tokens: int):
+    def hook(self, num_seqs: int, num_tokens: int, prompt: bool | None = None):
         """The `run_layer` hook of a step padded to (num_seqs, num_tokens): whole layers or sub-regions."""
-        return self.run_split if splits(self.split, num_seqs, num_tokens) else self.run_whole
+        return self.run_split if splits(self.split, num_seqs, num_tokens, prompt) else self.run_whole
 
     def run_whole(self, layer, x, prev_pre, ctx, io):
         return self._compiled(layer)[0](layer, x, prev_pre, ctx, io)

@@ -6,7 +6,10 @@ model over ranks every rank runs it) and returns, per block row, hidden_pre and 
 The drafts are then sampled depth by depth, because the Markov head needs the previous draft
 (ModelRunner.draft_heads), with the request's own sampling parameters on the draft stream: seed +
 DRAFT_SEED_OFFSET, position of the drafted token, so a draft draw never equals a verify or sample draw
-(layers/sample_draw.py).
+(layers/sample_draw.py). When every row's drafts are plain argmaxes (`argmax_drafts`) the runner may
+run the heads with the block instead (ModelRunner.draft_greedy: on Neuron inside the block's compiled
+region, so only the drafts and confidences come back); the drafts are the same tokens, ties to the
+lowest id either way.
 
 Which rows draft: every sampling row, at most what its next step could emit within max_tokens and
 max_model_len. A grammar row (structured_output.py) samples draft k under the grammar's mask after
@@ -51,16 +54,23 @@ class DraftProposer:
                            last_pos=[new_len - 2 for _, _, new_len in rows],
                            first_tokens=[results[i].tokens[-1][0] for i, _, _ in rows], block=b)
         runner = self.runner
+        seqs = [scheduled[i].seq for i, _, _ in rows]
+        # this step's emitted tokens: outputs before the drafts (penalties, min_tokens bans)
+        extra = [[t[0] for t in results[i].tokens] for i, _, _ in rows]
+        if all(argmax_drafts(x, self.eos_ids, len(e), b) for x, e in zip(seqs, extra)):
+            got = runner.draft_greedy(block, self.noise_id)
+            if got is not None:   # the heads ran with the block: drafts and confidences only
+                drafts, confs = got[0].tolist(), got[1].tolist()
+                for c, (i, n, _) in enumerate(rows):
+                    results[i].proposal = DraftProposal(drafts[c][:n], None, confs[c][:n])
+                return
         hidden, base = runner.draft(block, self.noise_id)
         r = len(rows)
         hidden, base = hidden.view(r, b, -1), base.view(r, b, -1)
-        seqs = [scheduled[i].seq for i, _, _ in rows]
         sampled_rows = [k for k, x in enumerate(seqs) if not x.sampling_params.is_greedy]
         prev = torch.tensor(block.first_tokens, dtype=torch.long, device=base.device)
         toks, confs = [], []
         q = torch.empty(len(sampled_rows), b, base.shape[-1]) if sampled_rows else None
-        # this step's emitted tokens: outputs before the drafts (penalties, min_tokens bans)
-        extra = [[t[0] for t in results[i].tokens] for i, _, _ in rows]
         limit = [n for _, n, _ in rows]  # a grammar row drafts no further than its path goes
         depth_batches = DraftDepthBatches(seqs, [nl for _, _, nl in rows], extra, self.eos_ids, b)
         for k in range(b):
@@ -109,6 +119,17 @@ class DraftProposer:
             if n >= 1:
                 rows.append((i, n, new_len))
         return rows
+
+
+def argmax_drafts(seq, eos_ids, emitted: int, depths: int) -> bool:
+    """Whether seq's drafts at every depth are the argmax of the heads' raw logits: a greedy row with
+    nothing the sampler would change before its argmax (no grammar mask, logit_bias, penalty, or
+    min_tokens ban at any depth; layers/sampler.py step a and 0). Such rows can draft on the device
+    (ModelRunner.draft_greedy) with the draws the host sampler would make, ties to the lowest id."""
+    p = seq.sampling_params
+    return (p.is_greedy and seq.grammar is None and not p.logit_bias and not p.penalises_output
+            and not p.penalises_repetition
+            and not any(depth_bans(seq, eos_ids, emitted + k) for k in range(depths)))
 
 
 def depth_bans(seq, eos_ids, ahead: int) -> tuple[int, ...]:

@@ -92,7 +92,7 @@ class TracedGraphs:
         if strategy.drafts and hasattr(strategy.model, "mtp"):
             noise = int(strategy.model.cfg.dspark_noise_token_id)
             for rows in spec.batch:
-                self.bucket = ("draft", rows * strategy.drafts, 0)
+                self.bucket = ("draft", strategy.draft_tokens(rows), 0)
                 block = DraftBlock([], [], [], strategy.drafts).padded(rows)
                 strategy.forward_draft(strategy.draft_to_device(draft_step_inputs(block, strategy.layout, noise)),
                                        cache)

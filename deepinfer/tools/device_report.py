@@ -16,7 +16,9 @@ tensor any op of the graph produces when the graph runs on meta (`measure.larges
 (`measure.int64_sites`, §4 A4/A5). Per rank: HBM bytes of the weights, KV cache, Engram tables held
 as device tensors, the largest intermediate of any graph, and their total. `decode_step`: the op
 census (neuron_ops/op_census.py) of the plan's largest plain decode bucket on meta; with drafts,
-`speculative_step`: the census of a verification forward, a draft block and its per-depth heads. `rules`: the
+`speculative_step`: the census of a verification forward and a draft block whose argmax drafts come from
+its own region, and `speculative_step_host_draws` the same with the per-depth heads run eagerly for
+host-sampled drafts. `rules`: the
 device-rule table (platforms/neuron/device_rules.py). Nothing here ran on a device.
 """
 from __future__ import annotations
@@ -92,7 +94,8 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
         step = spec.static_step([], decode, cache_layout, logits_rows=decode.num_tokens)
         strategy.forward(strategy.to_device(step, decode), cache, decode)
         plain = census.steps[-1]
-        speculative = speculative_census(strategy, cache, decode.num_seqs) if nextn else None
+        speculative = speculative_census(strategy, cache) if nextn else None
+        host_drawn = speculative_census(strategy, cache, argmax=False) if nextn else None
         strategy.census = None
         resident = mr.resident_bytes(model)
         engram = engram_device_bytes(model)
@@ -120,6 +123,7 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
                         "device_to_host_copies": step_census.device_to_host,
                         "ops": step_census.to_dict()["ops"]},
         "speculative_step": None if speculative is None else speculative.to_dict(),
+        "speculative_step_host_draws": None if host_drawn is None else host_drawn.to_dict(),
         "targets": {"hbm_total_bytes": HBM_TARGET_BYTES, "max_intermediate_bytes": INTERMEDIATE_TARGET_BYTES,
                     "graph_count": GRAPH_TARGET, "eager_ops": EAGER_OPS_TARGET, "copies_each_way": 1},
         "rules": report_rules(),
@@ -129,21 +133,27 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
     return report
 
 
-def speculative_census(strategy, cache, rows: int):
-    """The census of one speculative step at `rows` rows: the verification forward, the draft block,
-    then the per-depth draft heads as the driver runs them (spec/proposer.py; draws left out)."""
+def speculative_census(strategy, cache, argmax: bool = True):
+    """The census of one speculative step of the largest verification row bucket: the verification
+    forward, then the draft block. argmax: every row drafts by argmax, the heads inside the block's
+    region (ModelRunner.draft_greedy); else the rows the host samples: the block, then the per-depth
+    draft heads as the driver runs them (spec/proposer.py; the draws on the host left out)."""
     from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
     from deepinfer.model_executor.static_step import Bucket
     from deepinfer.platforms.neuron.compile_plan import exit_logits_rows
     spec, b = strategy.buckets, strategy.drafts
+    rows = max(spec.verify_batch)
     verify = Bucket(rows, spec.verify_bucket_tokens(rows), max(spec.context_ladder()))
     step = spec.static_step([], verify, strategy.layout, logits_rows=exit_logits_rows(verify, spec))
     strategy.forward(strategy.to_device(step, verify), cache, verify)
     block = DraftBlock([], [], [], b).padded(rows)
     noise = int(strategy.model.cfg.dspark_noise_token_id)
-    hidden, base = strategy.forward_draft(strategy.draft_to_device(draft_step_inputs(block, strategy.layout, noise)),
-                                          cache)
-    hidden, base = hidden.view(rows, b, -1), base.view(rows, b, -1)
+    packed = strategy.draft_to_device(draft_step_inputs(block, strategy.layout, noise))
+    if argmax:
+        strategy.forward_draft_greedy(packed, cache)
+        return strategy.census.steps[-1]
+    hidden, base = strategy.forward_draft(packed, cache)
+    hidden, base = hidden[:rows * b].view(rows, b, -1), base[:rows * b].view(rows, b, -1)
     prev = torch.zeros(rows, dtype=torch.long, device=hidden.device)
     for k in range(b):
         strategy.draft_heads(hidden[:, k], base[:, k], prev)
@@ -164,6 +174,24 @@ def check_targets(report: dict) -> dict:
         "graphs_match_plan": report["graph_count"] == report["planned_graph_count"],
         "eager_ops": step["eager_ops"] <= t["eager_ops"],
         "copies": step["host_to_device_copies"] <= 1 and step["device_to_host_copies"] <= 1,
+        **speculative_checks(report),
+    }
+
+
+def speculative_checks(report: dict) -> dict:
+    """With drafts: the speculative step (argmax drafts) within the eager-op target, each of its two
+    device programs (the verification forward, the draft block with its heads) one copy each way, and
+    the whole step one copy each way: missed by design while verification runs on the host, whose
+    result the draft block's inputs are built from."""
+    spec = report.get("speculative_step")
+    if not spec:
+        return {}
+    t, by = report["targets"], spec["by_phase"]
+    return {
+        "speculative_eager_ops": spec["eager_ops"] <= t["eager_ops"],
+        "speculative_copies_a_program": all(by[p].get("host_to_device", 0) <= 1 and by[p].get("device_to_host", 0) <= 1
+                                            for p in ("step", "draft")),
+        "speculative_copies_a_step": spec["host_to_device_copies"] <= 1 and spec["device_to_host_copies"] <= 1,
     }
 
 
@@ -176,6 +204,14 @@ def format_report(report: dict) -> str:
              f"decode step {report['decode_step']['bucket']}: {report['decode_step']['eager_ops']} eager ops, "
              f"{report['decode_step']['host_to_device_copies']} H2D, "
              f"{report['decode_step']['device_to_host_copies']} D2H",
+             *([] if not report.get("speculative_step") else [
+                 f"speculative step {report['speculative_step']['label']}: "
+                 f"{report['speculative_step']['eager_ops']} eager ops, "
+                 f"{report['speculative_step']['host_to_device_copies']} H2D, "
+                 f"{report['speculative_step']['device_to_host_copies']} D2H (host-sampled drafts: "
+                 f"{report['speculative_step_host_draws']['eager_ops']} eager ops, "
+                 f"{report['speculative_step_host_draws']['host_to_device_copies']} H2D, "
+                 f"{report['speculative_step_host_draws']['device_to_host_copies']} D2H)"]),
              "graph                         tokens  context  max intermediate (MiB)  float8  int64"]
     for g in report["graphs"]:
         lines.append(f"{g['name']:28s} {g['tokens']:7d} {g['context']:8d} {g['max_intermediate_bytes'] / 2**20:22.1f} "

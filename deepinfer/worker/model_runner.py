@@ -178,6 +178,20 @@ class ModelRunner:
         n = prepared.num_logits   # rows a strategy padded the block with come last
         return self.transport.gather_draft(prepared, hidden[:n], base[:n])
 
+    @torch.inference_mode()
+    def draft_greedy(self, block: DraftBlock, noise_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(drafts [R, B] int64, confidences [R, B] fp32) of a draft block whose rows all draft by argmax,
+        its heads run with the block (one region on Neuron: no logits leave the device); None where the
+        strategy drafts on the host (then `draft` and `draft_heads`). One rank only for now: every rank of
+        a model over ranks runs the draft block, and the fan-out message does not yet say which of the
+        two the driver wants."""
+        if not getattr(self.strategy, "greedy_drafts_in_graph", False) or not isinstance(self.transport,
+                                                                                        SingleRankTransport):
+            return None
+        prepared = self.transport.prepare_draft(self.strategy, block, noise_id)
+        drafts, conf = self.strategy.forward_draft_greedy(prepared.step, self.cache)
+        return drafts[:len(block)], conf[:len(block)]
+
     def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
                     prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [N, V], confidence [N]) of one draft depth: block rows' hidden_pre and base logits

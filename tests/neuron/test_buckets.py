@@ -114,3 +114,27 @@ def test_pad_step_rejects_what_does_not_fit():
     step = build_step_inputs([SeqChunk(1, 30, 1, [1, 2], list(range(31)))], LAYOUT)
     with pytest.raises(ValueError, match="visible entries exceed the context bucket"):
         pad_step(step, Bucket(1, 1, 8), spec.seqs_bound)
+
+
+def test_only_the_verify_rows_get_verification_buckets():
+    """Default: the row buckets whose verification bucket is at most the largest row bucket's tokens
+    (8 x 6 -> 64 at B = 5, the 64-row decode bucket's token count); a verification step with more rows
+    runs in the prompt bucket, and the warm-up walks no bucket for the others."""
+    from deepinfer.platforms.neuron.buckets import default_verify_rows
+    assert default_verify_rows((8, 64), 6) == (8,)
+    assert default_verify_rows((8, 64), 2) == (8,)        # 16 tokens; 64 rows x 2 = 128 > 64
+    assert default_verify_rows((2,), 6) == (2,)           # the smallest row bucket always keeps one
+    assert default_verify_rows((8, 64), 1) == (8, 64)     # no drafts: nothing to restrict
+    spec = BucketSpec(batch=(8, 64), contexts=(256,), prefill_tokens=(512,), verify_tokens=6, pow2_tokens=True,
+                      verify_rows=(8,))
+    rows = [_chunk(10, 6, slot=i + 1) for i in range(8)]
+    assert spec.select(rows).num_tokens == 64                         # 8 rows x 6 -> 64
+    assert spec.select(rows + [_chunk(10, 6, slot=9)]).num_tokens == 512   # 9 rows: the prompt bucket
+    assert {b.num_tokens for b in spec.all_buckets()} == {8, 64, 512}
+    with pytest.raises(ValueError, match="DEEPINFER_NEURON_VERIFY_ROWS"):
+        BucketSpec(batch=(8, 64), contexts=(256,), prefill_tokens=None, verify_tokens=6, verify_rows=(16,))
+    # Neuron rounds a verification bucket up to the decode bucket that holds it: its graphs are shared
+    shared = BucketSpec(batch=(8, 64), contexts=(256,), prefill_tokens=(512,), verify_tokens=2, pow2_tokens=True,
+                        verify_rows=(8,), verify_shares_decode=True)
+    assert shared.verify_bucket_tokens(8) == 64 and {b.num_tokens for b in shared.all_buckets()} == {8, 64, 512}
+    assert shared.select([_chunk(10, 2, slot=i + 1) for i in range(3)]).num_tokens == 64

@@ -55,12 +55,20 @@ def test_tiny_v41_report_traces_every_planned_graph():
     step = report["decode_step"]
     assert step["host_to_device_copies"] == 1 and step["device_to_host_copies"] == 1
     assert step["eager_ops"] == 0 and not step["ops"], step["ops"]
-    # a speculative step: the draft block is one region with one copy each way; outside it only the
-    # collective that brings the vocabulary-split base logits whole to the driver's heads (cp 2)
-    draft = report["speculative_step"]["by_phase"]["draft"]
-    assert draft["host_to_device"] == 1 and draft["device_to_host"] == 1
-    outside = [op for op in report["speculative_step"]["ops"] if op.startswith("draft:")]
-    assert draft["eager_ops"] == len(outside) and all("distributed/comm.py" in op for op in outside), outside
+    # a speculative step whose rows draft by argmax: the draft block with its heads is one region, one
+    # copy each way, nothing eager (the vocabulary-split base logits are gathered in the region, cp 2)
+    spec = report["speculative_step"]
+    draft = spec["by_phase"]["draft"]
+    assert draft["host_to_device"] == 1 and draft["device_to_host"] == 1 and "eager_ops" not in draft
+    assert spec["eager_ops"] == 0 and spec["phases"] == ["step", "draft"], spec
+    assert spec["host_to_device_copies"] == spec["device_to_host_copies"] == 2   # verification, then the block
+    checks = report["checks"]
+    assert checks["speculative_eager_ops"] and checks["speculative_copies_a_program"]
+    assert not checks["speculative_copies_a_step"]
+    # host-sampled drafts: the block's rows come back and the heads run eagerly, two copies back a depth
+    host = report["speculative_step_host_draws"]
+    assert host["phases"] == ["step", "draft"] + ["heads"] * nextn
+    assert host["by_phase"]["heads"]["device_to_host"] == 2 * nextn and host["by_phase"]["heads"]["eager_ops"] > 0
 
 
 @pytest.mark.parametrize("nextn", [0, 5])
@@ -77,5 +85,6 @@ def test_v41_flash_report_at_cp64_ep64(nextn, tmp_path):
     checks = report["checks"]
     assert checks["graphs_match_plan"] and checks["int64_sites_zero"] and checks["float8_sites_zero"]
     assert checks["copies"]
-    if not nextn:
-        assert checks["graph_count"]
+    assert checks["graph_count"] and report["graph_count"] == (63 if nextn else 61)
+    if nextn:
+        assert checks["speculative_eager_ops"] and checks["speculative_copies_a_program"]

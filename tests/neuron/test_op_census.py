@@ -3,8 +3,8 @@ neuron_ops/op_census.py): with the embedding, RoPE tables, LM head and the DSpar
 (worker/runners/neuron_regions.py), a decode step of the tiny V4.1 checkpoint runs at most
 EAGER_OPS_TARGET eager aten ops and one host->device and one device->host copy, with the CPU
 platform's greedy tokens; with speculative decoding the verification forward and the draft block
-together stay under the eager-op target (one copy each way each), and the census reports what the
-eager per-depth draft heads add."""
+(its argmax drafts taken inside its region) together stay under the eager-op target, one copy each way
+each; rows the host samples run the per-depth draft heads eagerly, and the census counts them."""
 import json
 
 import pytest
@@ -70,8 +70,29 @@ def test_decode_steps_run_few_eager_ops_and_one_copy_each_way(tiny_v41_dir, monk
         draft = s.by_phase["draft"]
         assert _device_ops(s, ("draft",)) == 0 and draft["host_to_device"] == 1 and draft["device_to_host"] == 1
         assert _device_ops(s, ("step", "draft")) <= EAGER_OPS_TARGET, s.to_dict()
-        # not compiled: the per-depth Markov and confidence heads (the drafts are sampled on the host
-        # between depths); their eager ops and copies are what keeps a speculative step above the
-        # targets, reported by the census (docs/neuron.md §5.1)
+        # greedy rows draft by argmax inside the draft block's region: no eager heads, no logits back;
+        # the step is two device programs (verification, then the block built from its result)
+        assert "heads" not in s.phases, s.to_dict()
+        assert _device_ops(s) <= EAGER_OPS_TARGET and s.host_to_device == 2 and s.device_to_host == 2, s.to_dict()
+    if nextn:
+        assert any("draft" in s.phases for s in steps)
+
+
+def test_sampled_drafts_run_the_heads_on_the_host(tiny_v41_dir):
+    """Seeded sampled rows keep the host draws (spec/proposer.py): the block's rows come back (one copy)
+    and each depth's heads run eagerly, two copies back a depth (logits and confidences)."""
+    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
+    prompts = prompts_of_lengths((9, 20), seed=7)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True)
+    want = token_lists(_llm(tiny_v41_dir, cfg, CpuPlatform(), num_speculative_tokens=B)
+                       .generate(prompts, params, use_tqdm=False))
+    buckets = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None, verify_tokens=1 + B)
+    llm = _llm(tiny_v41_dir, cfg, NeuronPlatform(host=True), {"buckets": buckets}, num_speculative_tokens=B)
+    census = llm.llm_engine.worker.runner.strategy.census = OpCensus()
+    assert token_lists(llm.generate(prompts, params, use_tqdm=False)) == want
+    drafting = [s for s in census.steps if "draft" in s.phases]
+    assert drafting
+    for s in drafting:
         heads = s.phases.count("heads")
-        assert heads >= 1 and s.by_phase["heads"]["device_to_host"] == 2 * heads
+        assert heads == B and s.by_phase["heads"]["device_to_host"] == 2 * heads, (s.phases, s.by_phase)
+        assert s.by_phase["draft"]["device_to_host"] == 1 and _device_ops(s, ("draft",)) == 0, s.to_dict()

@@ -70,9 +70,28 @@ def test_warm_up_compiles_the_planned_verification_graphs():
     regions = RegionRunner("aot_eager", split="multi_row")
     s = Seqs(model, NeuronRegionStrategy, [[0, 5, 6]], platform=host, buckets=spec, regions=regions)
     plan = s.strategy.plan
-    # (the tiny V4.1 has DSpark layers: its draft block of 2 rows x 5 drafts is a planned graph too)
-    assert [(b["step"], b["tokens"]) for b in plan.buckets()] == [("decode", 2), ("verify", 16), ("draft", 10)]
+    # (the tiny V4.1 has DSpark layers: its draft block of 2 rows x 5 drafts, padded to 16 tokens, is a
+    # planned graph too)
+    assert [(b["step"], b["tokens"]) for b in plan.buckets()] == [("decode", 2), ("verify", 16), ("draft", 16)]
     by_region = plan.counts("region")
     layer_graphs = sum(n for r, n in by_region.items() if r not in TOP_REGIONS)
     assert s.runner.warm_up() == plan.graph_count == layer_graphs + sum(by_region.get(r, 0) for r in TOP_REGIONS)
     assert layer_graphs == regions.num_kinds * (1 + len(SUB_REGIONS))   # kinds are known once compiled
+
+
+def test_platform_buckets_verify_in_the_decode_bucket_with_its_graphs(tiny_v41_dir, plain_short, monkeypatch):
+    """The platform's own buckets (rows 2 and 8): 2 rows x (1 + 1) = 4 tokens verify in the 8-row decode
+    bucket's shape, one region a layer (split policy "prompt"), so no verification graph is compiled;
+    greedy tokens with (oracle) drafts equal the CPU platform's."""
+    cfg, prompts, params, want = plain_short
+    monkeypatch.setenv("DEEPINFER_NEURON_ROW_BUCKETS", "2,8")
+    monkeypatch.delenv("DEEPINFER_NEURON_VERIFY_ROWS", raising=False)
+    monkeypatch.delenv("DEEPINFER_NEURON_REGION_SPLIT", raising=False)
+    oracle_drafts(monkeypatch, prompts, want, corrupt=0.5)
+    llm = platform_llm(tiny_v41_dir, cfg, NeuronPlatform(host=True), num_speculative_tokens=1)
+    strategy = llm.llm_engine.worker.runner.strategy
+    assert strategy.buckets.verify_batch == (2,) and strategy.buckets.verify_bucket_tokens(2) == 8
+    assert token_lists(llm.generate(prompts, params, use_tqdm=False)) == want
+    assert (8, 64) in strategy.buckets_seen   # verification steps in the 8-token bucket
+    assert "verify" not in strategy.plan.counts("step")
+    assert strategy.num_graphs <= strategy.plan.graph_count   # nothing compiled beyond the plan

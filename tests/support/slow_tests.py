@@ -46,6 +46,8 @@ SLOW = {
     "neuron/test_scripts.py::test_dockerfile_self_check_runs_on_the_host": 13,
     "neuron/test_regions.py::test_warm_up_compiles_every_bucket_before_the_first_request": 12,
     "neuron/test_spec_regions.py": 17,
+    # the tiny V4.1 engine's warm-up (its draft region with the heads); the tie rule and the row choice stay fast
+    "neuron/test_draft_heads_in_graph.py::test_in_graph_argmax_drafts_equal_the_host_path": 72,
     # nextn 5 stays fast: the one speculative region-graph case of make test
     "neuron/test_verify_buckets.py::test_power_of_two_verification_buckets_keep_plain_greedy_tokens[1]": 36,
     "neuron/test_verify_buckets.py::test_power_of_two_verification_buckets_keep_plain_greedy_tokens[2]": 38,
@@ -53,6 +55,7 @@ SLOW = {
     "neuron/test_verify_buckets.py::test_power_of_two_verification_buckets_keep_plain_greedy_tokens[4]": 46,
     "neuron/test_verify_buckets.py::test_power_of_two_verification_buckets_keep_plain_greedy_tokens_long": 122,
     "neuron/test_verify_buckets.py::test_warm_up_compiles_the_planned_verification_graphs": 90,
+    "neuron/test_verify_buckets.py::test_platform_buckets_verify_in_the_decode_bucket_with_its_graphs": 35,
     "neuron/test_nki_wiring.py::test_tiny_v41_simulated_kernels_give_the_cpu_tokens": 15,
     "neuron/test_packed_regions.py::test_packed_regions_give_the_cpu_tokens[v4]": 8,
     "neuron/test_engram_host.py::test_host_mode_greedy_tokens_equal_the_cpu_platform[dense]": 5,

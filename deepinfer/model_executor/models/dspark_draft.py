@@ -17,7 +17,9 @@ Two halves, both reading the main model's weights and caches:
 Block row k predicts the token at position a+2+k. The Markov head (`markov_logits`) and the
 confidence head (`confidence`) depend on the previous token of the block path (x0, then the draft
 sampled at k-1), so the proposer samples the drafts one depth at a time (spec/proposer.py), calling
-`draft_heads` per depth.
+`draft_heads` per depth. Rows whose drafts are plain argmaxes (`greedy_drafts`: no logits processing,
+lowest id on ties, as the sampler's greedy rows) can take all depths in one go, inside the draft
+block's compiled region on Neuron (worker/runners/neuron_regions.py), so no logits leave the device.
 
 Block keys are not written to the ring: the verification forward writes the main keys of the same
 positions before any draft block reads them (docs/model.md §5.3).
@@ -174,6 +176,48 @@ def draft_forward(model, step: StepInputs, cache) -> tuple[torch.Tensor, torch.T
     last = model.mtp[-1]
     logits = model.compute_logits(k.rms_norm(hidden, last.norm.weight, cfg.rms_norm_eps))
     return hidden, logits
+
+
+def pad_draft_tokens(step: StepInputs, tokens: int, layout: CacheLayout) -> StepInputs:
+    """A draft block step padded with placeholder tokens to `tokens` (a power of two on Neuron,
+    docs/neuron.md §4 B3). Each placeholder token attends to its own block key only (one valid column,
+    so its softmax is finite), sits at position 1 with token 0 and selects no expert; the real tokens
+    never see it (their block columns name their own block's rows). Outputs of the placeholders come
+    after every real row and are dropped."""
+    t = step.input_ids.numel()
+    extra = tokens - t
+    if extra <= 0:
+        return step
+    width = step.swa_idx.shape[1]
+    own = layout.num_slots * layout.swa_ring + torch.arange(t, tokens)      # rows after the ring
+    valid = torch.zeros(extra, width, dtype=torch.bool)
+    valid[:, 0] = True
+    real = torch.ones(t, dtype=torch.bool) if step.token_valid is None else step.token_valid
+    cat = torch.cat
+    return StepInputs(
+        input_ids=cat([step.input_ids, torch.zeros(extra, dtype=torch.long)]),
+        positions=cat([step.positions, torch.ones(extra, dtype=torch.long)]),
+        logits_indices=torch.arange(tokens),
+        swa_idx=cat([step.swa_idx, own[:, None].expand(extra, width)]), swa_valid=cat([step.swa_valid, valid]),
+        swa_write_src=step.swa_write_src, swa_write_dst=step.swa_write_dst,
+        token_valid=cat([real, torch.zeros(extra, dtype=torch.bool)]))
+
+
+def greedy_drafts(model, hidden: torch.Tensor, base: torch.Tensor, first_tokens: torch.Tensor,
+                  depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(drafts [R, B] int64, confidences [R, B] fp32) of R block rows of B = depth tokens when every
+    draft is the argmax of its depth's logits (base + Markov of the previous draft): the lowest id on
+    ties, as torch.argmax and the sampler's greedy rows (layers/sampler.py) take it. hidden, base:
+    the block's first R * B rows (block order), base over the whole vocabulary; first_tokens: x0 [R]."""
+    r = first_tokens.shape[0]
+    hidden, base = hidden.view(r, depth, -1), base.view(r, depth, -1)
+    prev, toks, confs = first_tokens, [], []
+    for k in range(depth):
+        lg, conf = draft_heads(model, hidden[:, k], base[:, k], prev)
+        prev = lg.argmax(dim=-1)
+        toks.append(prev)
+        confs.append(conf)
+    return torch.stack(toks, dim=1), torch.stack(confs, dim=1)
 
 
 def draft_heads(model, hidden: torch.Tensor, base: torch.Tensor,

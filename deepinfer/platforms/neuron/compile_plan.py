@@ -6,7 +6,8 @@ BucketSpec (what warm-up walks), the regions of a bucket from the split policy (
 (`config_layer_kinds`, no model build), so the count of a full-size config is a test, not a run.
 The model's top level adds, per bucket, an "entry" graph (its inputs' sizes depend on the tokens and
 the context) and an "exit" graph (tokens and the fixed logits rows only), and with speculative
-decoding a "draft" graph per row bucket (a draft block's window attention reads no context table);
+decoding a "draft" graph per row bucket (rows x B tokens padded to a power of two; a draft block's
+window attention reads no context table; the same graph serves host-sampled and argmax drafts);
 their `kind` is TOP_KIND.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.model_executor.static_step import Bucket, BucketSpec
+from deepinfer.model_executor.static_step import Bucket, BucketSpec, next_pow2
 from deepinfer.neuron_ops.regions import kind_key, regions_of_step
 
 TOP_KIND = -1   # PlannedGraph.kind of the top-level regions (regions.TOP_REGIONS)
@@ -82,7 +83,7 @@ class CompilePlan:
 def step_class(bucket: Bucket, spec: BucketSpec) -> str:
     if bucket.num_tokens == bucket.num_seqs:
         return "decode"
-    verify = {spec.verify_bucket_tokens(rows) for rows in spec.batch} if spec.verify_tokens > 1 else set()
+    verify = {spec.verify_bucket_tokens(rows) for rows in spec.verify_batch} if spec.verify_tokens > 1 else set()
     # a token count that is both a verification and a prompt bucket is one set of graphs: the first
     # bucket all_buckets walks names it
     if bucket.num_tokens in verify and bucket.num_tokens not in (spec.prefill_tokens or ()):
@@ -115,13 +116,14 @@ def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts:
         step = step_class(bucket, spec)
         t, c = bucket.num_tokens, bucket.context
         seen.setdefault(("entry", TOP_KIND, t, c), PlannedGraph("entry", TOP_KIND, step, t, c))
-        for region in regions_of_step(split, bucket.num_seqs, t):
+        for region in regions_of_step(split, bucket.num_seqs, t, prompt=step == "prefill"):
             for k in range(len(kinds)):
                 seen.setdefault((region, k, t, c), PlannedGraph(region, k, step, t, c))
         rows = exit_logits_rows(bucket, spec)
         seen.setdefault(("exit", TOP_KIND, t, rows), PlannedGraph("exit", TOP_KIND, step, t, c))
     for rows in spec.batch if drafts else ():
-        seen.setdefault(("draft", TOP_KIND, rows * drafts), PlannedGraph("draft", TOP_KIND, "draft", rows * drafts, 0))
+        t = next_pow2(rows * drafts)   # the draft block's tokens padded to a power of two (§4 B3)
+        seen.setdefault(("draft", TOP_KIND, t), PlannedGraph("draft", TOP_KIND, "draft", t, 0))
     return CompilePlan(tuple(seen.values()), tuple(kinds), tuple(per_kind[k] for k in range(len(kinds))), split,
                        spec)
 

@@ -72,10 +72,11 @@ RULES: tuple[Rule, ...] = (
          'every bucket compiled at start-up when asked (warm-up); /health 503 until ready',
          'tests/neuron/test_regions.py::test_warm_up_compiles_every_bucket_before_the_first_request'),
     Rule('B3',
-         'row counts and gathered-block counts are powers of two',
-         'tests/neuron/test_buckets.py::test_batch_buckets_are_powers_of_two'),
+         'row counts, gathered-block counts and the token counts of multi-row steps (prompt chunks, '
+         'verification, DSpark draft blocks) are powers of two',
+         'tests/neuron/test_compile_plan.py::test_every_planned_step_has_a_power_of_two_token_count_at_nextn_1_to_5'),
     Rule('B4',
-         'multi-row steps run a layer as sub-regions with a boundary between the projections and the '
+         'prompt-chunk steps run a layer as sub-regions with a boundary between the projections and the '
          'indexer',
          'tests/neuron/test_compile_plan.py::test_warm_up_compiles_the_plan_and_the_split_keeps_greedy_tokens'),
     Rule('B5',
@@ -103,10 +104,11 @@ RULES: tuple[Rule, ...] = (
          None),
     Rule('C4',
          'few launches a step: one region a layer, the top level and the draft block compiled, at most 10 '
-         'eager ops a decode step (the report: decode_step.eager_ops)',
+         'eager ops a decode step (the report: decode_step.eager_ops) and a speculative step whose rows '
+         'draft by argmax (the heads in the draft region; speculative_step.eager_ops)',
          'tests/neuron/test_op_census.py::test_decode_steps_run_few_eager_ops_and_one_copy_each_way'),
     Rule('C5',
-         'multi-row steps split at stage boundaries, one-row decode steps whole',
+         'prompt-chunk steps split at stage boundaries, decode and verification steps whole',
          'tests/neuron/test_compile_plan.py::test_warm_up_compiles_the_plan_and_the_split_keeps_greedy_tokens'),
     Rule('C6',
          'grid-2 kernels at LNC = 2',

@@ -21,7 +21,7 @@ from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.neuron_ops.fp8 import ACT_FP8_MAX
 from deepinfer.platforms.interface import Platform
 from deepinfer.platforms.neuron import compile_cache
-from deepinfer.platforms.neuron.buckets import default_context_buckets, default_row_buckets
+from deepinfer.platforms.neuron.buckets import default_context_buckets, default_row_buckets, default_verify_rows
 
 # docs/neuron.md §7, §2.3: let neuronx-cc read torch's float8_e4m3fn bytes as trn2's IEEE e4m3.
 FP8_COMPILER_FLAG = "--internal-hlo2tensorizer-options=--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
@@ -60,6 +60,7 @@ class NeuronPlatform(Platform):
         self.row_buckets = envs.get("DEEPINFER_NEURON_ROW_BUCKETS")
         self.ctx_buckets = envs.get("DEEPINFER_NEURON_CTX_BUCKETS")
         self.prefill_bucket = envs.get("DEEPINFER_NEURON_PREFILL_BUCKET")
+        self.verify_rows = envs.get("DEEPINFER_NEURON_VERIFY_ROWS")
         self.fp8_guard = bool(envs.get("DEEPINFER_NEURON_FP8_GUARD"))
         # host mode only: run the NKI kernels in the interpreter (device mode runs them on the core)
         self.simulate_kernels = host and envs.get("DEEPINFER_NEURON_KERNELS") == "simulate"
@@ -111,14 +112,16 @@ class NeuronPlatform(Platform):
         """Row buckets (DEEPINFER_NEURON_ROW_BUCKETS, else 8 and next_pow2(max_num_seqs)), context
         buckets (DEEPINFER_NEURON_CTX_BUCKETS, else max_model_len) and prompt-chunk buckets
         (DEEPINFER_NEURON_PREFILL_BUCKET, else max_num_batched_tokens, rounded up to a power of two), and
-        verification buckets padded to powers of two (pow2_tokens, docs/neuron.md §4 B3): §5.10."""
+        verification buckets padded to powers of two (pow2_tokens, docs/neuron.md §4 B3) for the row buckets
+        of DEEPINFER_NEURON_VERIFY_ROWS, else `default_verify_rows`: §5.10."""
         prefill = tuple(self.prefill_bucket) if self.prefill_bucket else (int(engine_config.max_num_batched_tokens),)
         rows = tuple(self.row_buckets) if self.row_buckets else default_row_buckets(int(engine_config.max_num_seqs))
         contexts = tuple(self.ctx_buckets) if self.ctx_buckets else default_context_buckets(engine_config.max_model_len)
+        verify = 1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0)
         return BucketSpec(batch=rows, contexts=contexts, prefill_tokens=prefill,
-                          max_model_len=engine_config.max_model_len,
-                          verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0),
-                          pow2_tokens=True)
+                          max_model_len=engine_config.max_model_len, verify_tokens=verify, pow2_tokens=True,
+                          verify_shares_decode=True,
+                          verify_rows=tuple(self.verify_rows) if self.verify_rows else default_verify_rows(rows, verify))
 
     # -- config and kernels -----------------------------------------------------------------------
     def validate_config(self, engine_config, model_config) -> None:

@@ -25,11 +25,12 @@ import torch
 
 from deepinfer.model_executor import step_pack
 from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_step_inputs, step_to
-from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_forward, draft_step_inputs
+from deepinfer.model_executor.models.dspark_draft import (DraftBlock, draft_forward, draft_step_inputs,
+                                                          greedy_drafts, pad_draft_tokens)
 from deepinfer.model_executor.models.v4_common import StepContext
-from deepinfer.model_executor.static_step import Bucket, BucketSpec
+from deepinfer.model_executor.static_step import Bucket, BucketSpec, next_pow2
 from deepinfer.platforms.neuron import compile_cache
-from deepinfer.platforms.neuron.compile_plan import exit_logits_rows
+from deepinfer.platforms.neuron.compile_plan import exit_logits_rows, step_class
 from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class PackedStep:
     # a step wanting more logits rows than that count: its rows, copied apart, so that the buffer keeps
     # the bucket's layout (and the entry graph)
     logits_indices: torch.Tensor | None = None
+    draft_rows: int = 0   # of a draft block: its rows (sequences), the first draft_rows x B tokens
 
 
 def _entry(model, buf, layout, cache):
@@ -56,10 +58,21 @@ def _exit(model, state, ctx):
     return model.finish(state, ctx)
 
 
-def _draft(model, buf, layout, cache):
-    """A draft block's rows as one fp32 tensor [hidden_pre | base logits] (one copy back)."""
-    hidden, base = draft_forward(model, step_pack.unpack(buf, layout), cache)
-    return torch.cat([hidden.float(), base], dim=1)
+def _draft(model, buf, layout, cache, rows: int, depth: int):
+    """A draft block as one region: (fp32 [R * B, D + V] = [hidden_pre | whole-vocabulary base logits] of
+    the real block tokens, fp32 [rows, 2B] = the greedy drafts (as exact fp32 integers: ids < 2^24) and
+    their confidences). The runner copies back one of the two: the rows when the host samples the
+    drafts depth by depth, the greedy drafts when every row drafts by argmax (dspark_draft.greedy_drafts);
+    both come from the same graph, so the plan keeps one draft graph a bucket."""
+    step = step_pack.unpack(buf, layout)
+    hidden, base = draft_forward(model, step, cache)
+    n = rows * depth   # the real rows' tokens; the power-of-two padding's are dropped before the gather
+    # a vocabulary-split head's slice gathered over the CP group, in-graph ([n, V] fp32: 158 MiB at
+    # V4.1-Flash, 64 rows x 5, against 252 MiB for all 512 padded tokens; §4 B7)
+    hidden, base = hidden[:n], model.full_logits(base[:n])
+    first = step.input_ids[:n].view(rows, depth)[:, 0]
+    drafts, conf = greedy_drafts(model, hidden, base, first, depth)
+    return torch.cat([hidden.float(), base], dim=1), torch.cat([drafts.float(), conf], dim=1)
 
 
 class NeuronRegionStrategy(RunnerStrategy):
@@ -188,6 +201,10 @@ class NeuronRegionStrategy(RunnerStrategy):
         fits = [b for b in self.buckets.batch if b >= rows]
         return min(fits) if fits else rows
 
+    def draft_tokens(self, rows: int) -> int:
+        """Tokens a draft block of `rows` (a row bucket) runs as: rows x B up to a power of two (§4 B3)."""
+        return next_pow2(rows * self.drafts)
+
     def draft_to_device(self, step: StepInputs):
         if self.census is not None:
             self.census.phase("draft")
@@ -195,16 +212,20 @@ class NeuronRegionStrategy(RunnerStrategy):
         if self.regions is None or self.drafts == 0 or rows not in self.buckets.batch:
             self._copied(len(step_pack.leaves(step)))
             return step_to(step, self.platform.device)
-        return self._packed(dataclasses.replace(step, static_shapes=True), True)
+        padded = pad_draft_tokens(step, self.draft_tokens(rows), self.layout)
+        return dataclasses.replace(self._packed(dataclasses.replace(padded, static_shapes=True), True),
+                                   draft_rows=rows)
+
+    def _draft_region(self, step: PackedStep, cache):
+        return self._region("draft", _draft, self.model, step.buf, step.layout, cache, step.draft_rows, self.drafts)
 
     @torch.inference_mode()
     def forward_draft(self, step, cache) -> tuple[torch.Tensor, torch.Tensor]:
         with self._counting():
             if isinstance(step, PackedStep):
-                rows = self._region("draft", _draft, self.model, step.buf, step.layout, cache)
+                rows, _ = self._draft_region(step, cache)
                 d = self.model.cfg.hidden_size
-                # a vocabulary-split head's slice leaves the CP group whole, as model.draft's does
-                hidden, base = rows[:, :d].to(self.model.dtype), self.model.full_logits(rows[:, d:])
+                hidden, base = rows[:, :d].to(self.model.dtype), rows[:, d:]
                 self._returned(1)
             else:
                 hidden, base = self.model.draft(step, cache)
@@ -212,13 +233,37 @@ class NeuronRegionStrategy(RunnerStrategy):
         return hidden, base
 
     def draft_heads(self, hidden, base, prev_ids):
-        """The per-depth Markov and confidence heads run eagerly (the sampler between depths is on the host)."""
+        """The per-depth Markov and confidence heads of rows the host samples (spec/proposer.py: a block
+        whose rows do not all draft by argmax) run eagerly, the sampler between depths on the host."""
         if self.census is not None:
             self.census.phase("heads")
         with self._counting():
             out = self.model.draft_heads(hidden, base, prev_ids)
             self._returned(len(out))
         return out
+
+    @property
+    def greedy_drafts_in_graph(self) -> bool:
+        """Whether `forward_draft_greedy` runs the heads in the draft block's region (compiled steps)."""
+        return self.regions is not None and self.drafts > 0
+
+    @torch.inference_mode()
+    def forward_draft_greedy(self, step, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(drafts [R, B] int64, confidences [R, B] fp32) of a draft block whose rows all draft by
+        argmax: the per-depth heads run inside the block's region and only these come back (one copy).
+        A block that fits no row bucket runs the same function eagerly."""
+        b = self.drafts
+        with self._counting():
+            if isinstance(step, PackedStep):
+                _, out = self._draft_region(step, cache)
+            else:
+                hidden, base = self.model.draft(step, cache)
+                first = step.input_ids.view(-1, b)[:, 0]
+                out = torch.cat([t.float() for t in greedy_drafts(self.model, hidden, base, first, b)], dim=1)
+            self._returned(1)
+        if out.device.type not in ("cpu", "meta"):   # meta: the device report
+            out = out.cpu()   # host work from here: the copy back is the only device op
+        return out[:, :b].long(), out[:, b:]
 
     @torch.inference_mode()
     def warm_up(self, cache) -> int:
@@ -271,7 +316,8 @@ class NeuronRegionStrategy(RunnerStrategy):
             run_layer = None
         else:
             self.buckets_seen.add((bucket.num_tokens, bucket.context))
-            run_layer = None if self.regions is None else self.regions.hook(bucket.num_seqs, bucket.num_tokens)
+            prompt = step_class(bucket, self.buckets) == "prefill"
+            run_layer = None if self.regions is None else self.regions.hook(bucket.num_seqs, bucket.num_tokens, prompt)
         graphs_before, t0 = self.num_graphs, time.perf_counter()
         with self._counting():
             if isinstance(step, PackedStep):
