@@ -6,10 +6,13 @@ compiled strategy's floor has the same shapes as its graphs."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from deepinfer.model_executor import step_pack
 
 _MM_OPS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
            torch.ops.aten.matmul.default, torch.ops.aten.einsum.default, torch.ops.aten.linear.default}
@@ -46,6 +49,18 @@ class RecordMatmuls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _step_inputs(step):
+    """The StepInputs of what a strategy's to_device made: a compiled strategy's PackedStep (one buffer
+    and its layout, worker/runners/neuron_regions.py) unpacked on the host, an eager step as it is."""
+    from deepinfer.worker.runners.neuron_regions import PackedStep
+    if not isinstance(step, PackedStep):
+        return step
+    inputs = step_pack.unpack(step.buf, step.layout)
+    if step.logits_indices is not None:
+        inputs = dataclasses.replace(inputs, logits_indices=step.logits_indices)
+    return inputs
+
+
 @contextlib.contextmanager
 def recording_step(llm, want):
     """Within the block, the first step of `llm` for which want(step) is true (step: the StepInputs
@@ -55,10 +70,11 @@ def recording_step(llm, want):
     orig_forward = strategy.forward
 
     def recording_forward(step, cache, bucket):
-        if "calls" not in captured and want(step):
+        inputs = _step_inputs(step)
+        if "calls" not in captured and want(inputs):
             rec = RecordMatmuls()
             with rec:
-                out = strategy.model(step, cache)
+                out = strategy.model(inputs, cache)
             captured["calls"] = list(rec.calls)
             return out
         return orig_forward(step, cache, bucket)

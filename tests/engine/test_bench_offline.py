@@ -49,3 +49,19 @@ def test_transformers_baseline_fields(tiny_v4_dense_dir, tmp_path, cpu_platform)
 def test_oracle_drafts_need_nextn(tiny_v41_dir, tmp_path):
     with pytest.raises(SystemExit):
         bench_offline.main(["--model", str(tiny_v41_dir), "--oracle-drafts", "--out", str(tmp_path / "r.json")])
+
+
+@pytest.mark.slow
+def test_compiled_runner_records_its_gemm_floor(tiny_v4_dense_dir, tmp_path, cpu_platform, monkeypatch):
+    """The floor is recorded from a compiled strategy's packed step too (its PackedStep unpacked on the
+    host): aot_eager regions, so the cell compiles in seconds."""
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE", "0")   # the bench sets it; teardown restores it
+    out = tmp_path / "r.json"
+    assert bench_offline.main(["--model", str(tiny_v4_dense_dir), "--batches", "2", "--dtypes", "float32",
+                               "--input-len", "8", "--output-len", "5", "--repeats", "1", "--no-baseline",
+                               "--runners", "cpu_compiled", "--out", str(out)]) == 0
+    (r,) = _records(out)
+    assert r["runner"] == "cpu_compiled" and r["compile_s"] > 0
+    assert r["gemm_floor_ms"] > 0 and r["num_matmuls_per_step"] > 0
+    assert r["step_over_floor"] == pytest.approx(r["step_ms"] / r["gemm_floor_ms"])

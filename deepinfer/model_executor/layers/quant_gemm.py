@@ -38,6 +38,11 @@ def dequant_fp8_rows(codes: torch.Tensor, scale: torch.Tensor, block_rows: int, 
     """fp32 rows [row0, row1) of a [N, K] e4m3 weight with a ue8m0 [ceil(N/br), ceil(K/bc)] grid."""
     rows = e4m3_values(codes[row0:row1], int_codes)
     s = quant.ue8m0_to_float(scale[row0 // block_rows: -(-row1 // block_rows)])
+    n, k = rows.shape
+    if row0 % block_rows == 0 and n % block_rows == 0 and k % block_cols == 0:
+        # whole blocks: each scale broadcast over its block, not repeated into a [n, k] copy
+        grid = rows.view(n // block_rows, block_rows, k // block_cols, block_cols)
+        return (grid * s[:, None, :, None]).view(n, k)
     s = s.repeat_interleave(block_rows, dim=0)[row0 % block_rows: row0 % block_rows + (row1 - row0)]
     return rows * s.repeat_interleave(block_cols, dim=1)[:, : rows.shape[1]]
 

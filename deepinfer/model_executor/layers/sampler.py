@@ -32,6 +32,7 @@ import torch
 from deepinfer.model_executor.layers.logits_filters import apply_min_p, apply_top_k, apply_top_p
 from deepinfer.model_executor.layers.logits_penalties import (
     apply_bitmask, apply_frequency_presence, apply_logit_bias, apply_repetition_penalty)
+from deepinfer.model_executor.layers.row_argmax import first_argmax
 from deepinfer.model_executor.layers.sample_draw import (  # noqa: F401  (re-exported)
     sample_from_logprobs, sample_from_probs, sample_uniforms, verify_uniforms)
 from deepinfer.sampling_params import GREEDY_TEMPERATURE, SamplingParams
@@ -314,12 +315,12 @@ class Sampler:
         """The argmax of each greedy row (batch.greedy_rows, in order) of adjusted logits, bans applied."""
         rows = batch.greedy_rows
         if rows.numel() == batch.num_rows and not batch.banned_ids.numel():
-            return logits.argmax(dim=-1)
+            return first_argmax(logits)
         g = logits.index_select(0, rows).float()
         if batch.banned_ids.numel():
             self._ban(g, batch, rows)
-        # torch.argmax returns the first maximal index: the lowest index on ties (§6.3).
-        return g.argmax(dim=-1)
+        # the first maximal index: the lowest index on ties (§6.3), as torch.argmax (layers/row_argmax.py)
+        return first_argmax(g)
 
     def forward(self, logits: torch.Tensor, batch: SamplingBatch,
                 keep_random_logprobs: bool = False) -> SamplerOutput:
