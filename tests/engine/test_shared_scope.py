@@ -46,7 +46,7 @@ def test_shared_scope_and_own_gathers_give_the_same_logits(request, kind, monkey
     ckpt = request.getfixturevalue("tiny_v4_dir" if kind == "v4" else "tiny_v41_dir")
     cfg = ModelConfig.from_pretrained(ckpt)
     model = build_model(cfg, str(ckpt), torch.float32, progress=False)
-    prompts = [_ids(90, 3), _ids(30, 4), _ids(2, 5)]    # one step: the scope sequence and two others
+    prompts = [_ids(56, 3), _ids(20, 4), _ids(2, 5)]    # one step: the scope sequence and two others
     real_chunks, real_branch = v4_attention.row_chunks, v4_attention.scope_branch
     taken = []
 

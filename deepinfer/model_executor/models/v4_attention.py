@@ -183,53 +183,58 @@ class Attention(nn.Module):
         e = meta.vis_idx.shape[1]
         own_row = e * (d_i + n_i + 3) * 4
         if meta.scope_idx is None:   # decode: every row gathers its own keys
-            parts = [self._index_rows(q[a:b], w[a:b], self._own_keys(meta, io, slice(a, b)), meta, io,
-                                      slice(a, b), ctx) for a, b in row_chunks(t, own_row)]
+            parts = [self._index_rows(self._scores(q[a:b], w[a:b], self._own_keys(meta.vis_idx[a:b], io),
+                                                   meta.vis_valid[a:b], ctx), meta, io, slice(a, b))
+                     for a, b in row_chunks(t, own_row)]
         else:
             # a prompt chunk: the keys its last row sees, gathered and decoded once; each row scores
-            # them all and its causal prefix is kept by vis_valid (docs/model.md §3.4)
+            # them all and keeps its causal prefix by vis_valid (docs/model.md §3.4)
             scope = io.fmt.index.decode(io.index_keys[meta.scope_idx], torch.float32)
-            parts = [self._index_scoped(q[a:b], w[a:b], scope, meta, io, slice(a, b), ctx, own_row)
-                     for a, b in row_chunks(t, e * (n_i + 3) * 4)]
+            parts = [self._index_rows(self._scoped_scores(q[a:b], w[a:b], scope, meta, io, slice(a, b), ctx, own_row),
+                                      meta, io, slice(a, b)) for a, b in row_chunks(t, e * (n_i + 3) * 4)]
         sel = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
         if self.candidate_source:
             io.candidates_out = parts[0][1] if len(parts) == 1 else torch.cat([p[1] for p in parts])
         io.topk_out = sel
         return sel
 
-    def _own_keys(self, meta, io: LayerIO, rows: slice) -> torch.Tensor:
+    def _own_keys(self, vis_idx: torch.Tensor, io: LayerIO) -> torch.Tensor:
         """Each row's visible index keys, gathered per row: [rows, E, dI] fp32."""
-        return io.fmt.index.decode(io.index_keys[meta.vis_idx[rows]], torch.float32)
+        return io.fmt.index.decode(io.index_keys[vis_idx], torch.float32)
 
-    def _index_scoped(self, q, w, scope, meta, io: LayerIO, rows: slice, ctx: StepContext, own_row: int):
-        """The indexer over some rows of a step with a scope: from the shared scope when every row is
-        the scope sequence's, else from per-row keys (in chunks bounded by `own_row` bytes a row)."""
-        def shared(q, w):
-            return self._index_rows(q, w, scope, meta, io, rows, ctx)
-
-        def own(q, w):
-            start = rows.start
-            parts = [self._index_rows(q[a:b], w[a:b], self._own_keys(meta, io, slice(start + a, start + b)), meta,
-                                      io, slice(start + a, start + b), ctx) for a, b in row_chunks(q.shape[0], own_row)]
-            return parts[0] if len(parts) == 1 else tuple(torch.cat(p) for p in zip(*parts))
-        return scope_branch(meta.in_scope[rows], shared, own, (q, w))
-
-    def _index_rows(self, q, w, keys, meta, io: LayerIO, rows: slice, ctx: StepContext) -> tuple:
-        """The indexer over some rows and their keys ([rows, E, dI], or the shared scope [E, dI]):
-        (selected entry columns [rows, k],) plus the candidate blocks at the candidate source layer."""
+    def _scores(self, q, w, keys, vis_valid, ctx: StepContext) -> torch.Tensor:
+        """Indexer scores [rows, E] of some rows over their keys ([rows, E, dI]) or a shared scope ([E, dI])."""
         cfg = self.cfg
-        n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
-        vis_valid = meta.vis_valid[rows]
         if cfg.is_v41:
-            scores = ctx.k.index_scores(q, keys, w, vis_valid)
+            return ctx.k.index_scores(q, keys, w, vis_valid)
+        n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
+        return ctx.k.index_scores(q, keys, w * n_i ** -0.5, vis_valid, key_scale=d_i ** -0.5)
+
+    def _scoped_scores(self, q, w, scope, meta, io: LayerIO, rows: slice, ctx: StepContext, own_row: int):
+        """Scores of some rows of a step with a scope: over the shared scope when every row is the
+        scope sequence's, else over per-row keys (in chunks of `own_row` bytes a row). Only what the
+        branches read is passed in: torch.cond rejects operands that alias one another, and the
+        step's index tables are views of one packed buffer (model_executor/step_pack.py)."""
+        def shared(q, w, valid, scope, vis_idx):
+            return (self._scores(q, w, scope, valid, ctx),)
+
+        def own(q, w, valid, scope, vis_idx):
+            parts = [self._scores(q[a:b], w[a:b], self._own_keys(vis_idx[a:b], io), valid[a:b], ctx)
+                     for a, b in row_chunks(q.shape[0], own_row)]
+            return (parts[0] if len(parts) == 1 else torch.cat(parts),)
+        return scope_branch(meta.in_scope[rows], shared, own, (q, w, meta.vis_valid[rows], scope, meta.vis_idx[rows]))[0]
+
+    def _index_rows(self, scores, meta, io: LayerIO, rows: slice) -> tuple:
+        """Top-k over some rows' scores: (selected entry columns [rows, k],) plus the candidate blocks
+        at the candidate source layer (V4.1's candidate filter applied first at its consumers)."""
+        cfg = self.cfg
+        if cfg.is_v41:
             if self.candidate_consumer and io.candidates is not None:
                 mask = candidate_entry_mask(io.candidates[rows], scores.shape[1], cfg.candidate_block_size)
                 scores = scores.masked_fill(~mask, float("-inf"))
             if self.candidate_source:
                 cand = candidate_blocks(scores, meta.n_vis[rows], cfg.candidate_block_size, cfg.candidate_topk_blocks)
                 return stable_topk(scores, cfg.index_topk), cand
-        else:
-            scores = ctx.k.index_scores(q, keys, w * n_i ** -0.5, vis_valid, key_scale=d_i ** -0.5)
         return (stable_topk(scores, cfg.index_topk),)
 
     def _attend_rows(self, q, full, swa_idx, entries, valid, io: LayerIO, ctx: StepContext) -> torch.Tensor:
@@ -288,21 +293,18 @@ class Attention(nn.Module):
                 # takes its selected columns of them (docs/model.md §3.3)
                 scope = io.fmt.entries.decode(io.entries[meta.scope_idx], q.dtype)
 
-        def own_entries(a, b):
-            """Rows a..b's selected records, gathered per row from the cache."""
-            if cols is None:
-                return None
-            rows = meta.vis_idx[a:b].gather(1, cols[a:b]) if cols.numel() else cols[a:b]
-            return io.fmt.entries.decode(io.entries[rows], q.dtype)
-
         def attend(a, b):
-            if scope is None:
-                return self._attend_rows(q[a:b], full, step.swa_idx[a:b], own_entries(a, b), valid[a:b], io, ctx)
-            return scope_branch(
-                meta.in_scope[a:b],
-                lambda qc: (self._attend_rows(qc, full, step.swa_idx[a:b], scope[cols[a:b]], valid[a:b], io, ctx),),
-                lambda qc: (self._attend_rows(qc, full, step.swa_idx[a:b], own_entries(a, b), valid[a:b], io, ctx),),
-                (q[a:b],))[0]
+            entries = None
+            if cols is not None:
+                c = cols[a:b]
+                rows = meta.vis_idx[a:b].gather(1, c) if c.numel() else c   # pool rows of the selected entries
+                if scope is None:   # decode: gathered per row from the cache
+                    entries = io.fmt.entries.decode(io.entries[rows], q.dtype)
+                else:
+                    entries = scope_branch(meta.in_scope[a:b], lambda scope, c, rows: (scope[c],),
+                                           lambda scope, c, rows: (io.fmt.entries.decode(io.entries[rows], q.dtype),),
+                                           (scope, c, rows))[0]
+            return self._attend_rows(q[a:b], full, step.swa_idx[a:b], entries, valid[a:b], io, ctx)
         # a row's gathered records [K, d], read in fp32 by the attention (row_chunks.py)
         per_row = valid.shape[1] * d * 6
         parts = [attend(a, b) for a, b in row_chunks(t, per_row)]
