@@ -8,7 +8,9 @@ import torch
 from deepinfer.config import ModelConfig
 from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.model_executor.models import v4_attention
-from deepinfer.worker.cache_engine import cache_layout, default_block_size
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
 from deepinfer.worker.worker import build_model
 from tests.support.model_helpers import run_batch
 
@@ -63,3 +65,41 @@ def test_shared_scope_and_own_gathers_give_the_same_logits(request, kind, monkey
     own = run_batch(model, prompts)
     for a, b in zip(mixed, own):
         assert torch.equal(a, b)
+
+
+class _CacheGathers(TorchDispatchMode):
+    """The index shapes of every advanced-indexing read of the given cache tensors."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.storages = {t.untyped_storage().data_ptr() for t in tensors}
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.index.Tensor and args[0].untyped_storage().data_ptr() in self.storages:
+            self.shapes += [tuple(i.shape) for i in args[1] if i is not None]
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_row(tiny_v41_dir):
+    """docs/neuron.md §4 B7: a prompt chunk reads each entry / index-key cache once, a 1-D gather of
+    the scope; only a decode step gathers [rows, entries] per row."""
+    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
+    model = build_model(cfg, str(tiny_v41_dir), torch.float32, progress=False)
+    bs = default_block_size(cfg)
+    layout = cache_layout(cfg, 4, bs, model.engram_spec)
+    cache = allocate_cache(cfg, 4, 12, bs, torch.float32)
+    ids = _ids(80, 6)
+    compressed = list(cache.entries.values()) + list(cache.index_keys.values())
+    table = list(range(1, 11))
+    prompt = _CacheGathers(compressed)
+    with prompt:
+        model(build_step_inputs([SeqChunk(1, 0, 60, table, ids, 1)], layout), cache)
+    decode = _CacheGathers(compressed)
+    with decode:
+        model(build_step_inputs([SeqChunk(1, 60, 1, table, ids, 1), SeqChunk(2, 0, 1, [11], ids, 1)], layout), cache)
+    assert prompt.shapes and all(len(s) == 1 for s in prompt.shapes)
+    readers = sum(1 for layer in model.layers if layer.attn.ratio > 0)
+    entry_reads = [s for s in prompt.shapes if s[0] > 0]
+    assert readers <= len(entry_reads) <= 2 * readers    # the records, and the keys where a layer indexes
+    assert decode.shapes and any(len(s) == 2 and s[0] == 2 for s in decode.shapes)

@@ -5,6 +5,10 @@ width] per step: at V4.1-Flash shapes (a 2048-token chunk, 16K context) one such
 Every op involved is row-wise (each row's scores, top-k, softmax and gathered records depend only
 on that row), so running the rows in chunks gives every row the same result and bounds each
 intermediate by the chunk's. Chunk sizes depend only on shapes, so a traced graph stays static.
+
+A prompt chunk's rows do not gather per row at all: they read the shared scope, what the chunk's
+last row sees, gathered once (forward_meta.CompressMeta.scope_idx); the chunks still bound their
+[rows, scope] score tensors. `scope_branch` picks, per chunk, the scope or the rows' own gathers.
 """
 import torch
 

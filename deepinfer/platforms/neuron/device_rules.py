@@ -85,9 +85,11 @@ RULES: tuple[Rule, ...] = (
          "no torch.topk with k >= 1024: nkilib's rotational top-k",
          None),
     Rule('B7',
-         'no large per-row gathers: gather a shared scope once and mask per row; the largest intermediate '
-         'of any graph at most 256 MiB (measured: the device report, graphs[].max_intermediate_bytes)',
-         None),
+         'no large per-row gathers: a prompt chunk gathers what its last row sees once (the shared scope) '
+         'and masks per row; rows of other sequences in its step gather their own, in bounded row chunks; '
+         'the largest intermediate of any graph at most 256 MiB (measured: the device report, '
+         'graphs[].max_intermediate_bytes)',
+         'tests/engine/test_shared_scope.py::test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_row'),
     Rule('B8',
          'few buckets, the graph count logged before anything compiles (at most 64 for the default '
          'V4.1-Flash config), a persistent compile cache',
