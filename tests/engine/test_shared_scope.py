@@ -15,6 +15,13 @@ from deepinfer.worker.worker import build_model
 from tests.support.model_helpers import run_batch
 
 
+@pytest.fixture(scope="module")
+def models(tiny_v4_dir, tiny_v41_dir):
+    """Each tiny checkpoint's model, built once for the module."""
+    return {kind: build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False)
+            for kind, d in (("v4", tiny_v4_dir), ("v41", tiny_v41_dir))}
+
+
 def _ids(n, seed):
     g = torch.Generator().manual_seed(seed)
     return [0] + torch.randint(3, 128000, (n - 1,), generator=g).tolist()
@@ -44,10 +51,8 @@ def test_scope_is_the_longest_real_chunks_last_row(tiny_v41_dir):
 
 
 @pytest.mark.parametrize("kind", ["v4", "v41"])
-def test_shared_scope_and_own_gathers_give_the_same_logits(request, kind, monkeypatch):
-    ckpt = request.getfixturevalue("tiny_v4_dir" if kind == "v4" else "tiny_v41_dir")
-    cfg = ModelConfig.from_pretrained(ckpt)
-    model = build_model(cfg, str(ckpt), torch.float32, progress=False)
+def test_shared_scope_and_own_gathers_give_the_same_logits(models, kind, monkeypatch):
+    model = models[kind]
     prompts = [_ids(56, 3), _ids(20, 4), _ids(2, 5)]    # one step: the scope sequence and two others
     real_chunks, real_branch = v4_attention.row_chunks, v4_attention.scope_branch
     taken = []
@@ -81,11 +86,11 @@ class _CacheGathers(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_row(tiny_v41_dir):
+def test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_row(models):
     """docs/neuron.md §4 B7: a prompt chunk reads each entry / index-key cache once, a 1-D gather of
     the scope; only a decode step gathers [rows, entries] per row."""
-    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
-    model = build_model(cfg, str(tiny_v41_dir), torch.float32, progress=False)
+    model = models["v41"]
+    cfg = model.cfg
     bs = default_block_size(cfg)
     layout = cache_layout(cfg, 4, bs, model.engram_spec)
     cache = allocate_cache(cfg, 4, 12, bs, torch.float32)

@@ -88,8 +88,9 @@ RULES: tuple[Rule, ...] = (
          'no large per-row gathers: a prompt chunk gathers what its last row sees once (the shared scope) '
          'and masks per row; rows of other sequences in its step gather their own, in bounded row chunks; '
          'the largest intermediate of any graph at most 256 MiB (measured: the device report, '
-         'graphs[].max_intermediate_bytes)',
-         'tests/engine/test_shared_scope.py::test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_row'),
+         'graphs[].max_intermediate_bytes); eager prompt chunks follow it '
+         '(tests/engine/test_shared_scope.py), compiled graphs not yet in the indexer (docs/neuron.md §4 B7)',
+         None),
     Rule('B8',
          'few buckets, the graph count logged before anything compiles (at most 64 for the default '
          'V4.1-Flash config), a persistent compile cache',
