@@ -53,6 +53,12 @@ class CompressMeta:
     vis_idx: torch.Tensor     # [T, maxE] pool row of entry w (column w) for each token
     vis_valid: torch.Tensor   # [T, maxE] w < (pos + 1) // m
     n_vis: torch.Tensor       # [T]
+    # The shared scope of a step with a prompt chunk (None when every chunk feeds one token: decode):
+    # the pool rows of the entries the scope sequence's last row sees, and which rows belong to that
+    # sequence. Such a row sees scope columns w < n_vis (a prefix, by causality), so its indexer and
+    # attention read the scope gathered once instead of their own rows (docs/model.md §3.4).
+    scope_idx: torch.Tensor | None = None   # [maxE]
+    in_scope: torch.Tensor | None = None    # [T] bool
 
 
 @dataclass
@@ -103,6 +109,18 @@ def _pool_rows(tables: torch.Tensor, seq_of: torch.Tensor, w: torch.Tensor, epb:
     return blk * epb + w % epb
 
 
+def _scope_rows(chunks: list[SeqChunk], start: torch.Tensor, token_seq: torch.Tensor):
+    """(flat index of the scope sequence's last row, [T] rows of that sequence), or (None, None) when
+    every chunk feeds one token. The scope sequence is the real chunk (slot != 0) feeding the most
+    tokens, the first of equals; a step of placeholders only (warm-up) takes its first longest chunk.
+    Whether a step has a scope depends only on its chunk sizes, so every step of a bucket agrees."""
+    if all(c.num_new <= 1 for c in chunks):
+        return None, None
+    real = [b for b, c in enumerate(chunks) if c.slot != 0] or list(range(len(chunks)))
+    b = max(real, key=lambda i: (chunks[i].num_new, -i))
+    return int(start[b]) + chunks[b].num_new - 1, token_seq == b
+
+
 def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs:
     nb = len(chunks)
     ctx = torch.tensor([c.ctx_len for c in chunks], dtype=torch.long)
@@ -149,6 +167,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
     swa_write_src = torch.nonzero(keep).flatten()
     swa_write_dst = tok_slot[keep] * swa_ring + positions[keep] % swa_ring
 
+    scope_last, in_scope = _scope_rows(chunks, start, token_seq)
     comp = {}
     for (m, spec_ring, overlap) in layout.compressors:
         ring = layout.state_ring(spec_ring)
@@ -177,12 +196,13 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
         vis_valid = wcol < n_vis[:, None]
         vis_idx = _pool_rows(tables, token_seq[:, None].expand_as(wcol), wcol, epb)
         vis_idx = torch.where(vis_valid, vis_idx, torch.zeros_like(vis_idx))
+        scope_idx = vis_idx[scope_last] if scope_last is not None else None
         comp[(m, spec_ring, overlap)] = CompressMeta(
             ratio=m, overlap=overlap, src_idx=src_idx, src_valid=valid,
             entry_pos=e_w * m, entry_dst=entry_dst,
             state_src=torch.nonzero(skeep).flatten(),
             state_dst=tok_slot[skeep] * ring + positions[skeep] % ring,
-            vis_idx=vis_idx, vis_valid=vis_valid, n_vis=n_vis)
+            vis_idx=vis_idx, vis_valid=vis_valid, n_vis=n_vis, scope_idx=scope_idx, in_scope=in_scope)
 
     ngram_ids = None
     if layout.engram is not None:

@@ -218,7 +218,8 @@ def _pad_meta(m: CompressMeta, num_tokens: int, context: int, seqs_bound: int) -
         entry_dst=F.pad(m.entry_dst, (0, extra)),          # row 0 = block 0 (scratch)
         state_src=state_src, state_dst=state_dst,
         vis_idx=F.pad(m.vis_idx, (0, grow)),
-        vis_valid=F.pad(m.vis_valid, (0, grow), value=False))
+        vis_valid=F.pad(m.vis_valid, (0, grow), value=False),
+        scope_idx=None if m.scope_idx is None else F.pad(m.scope_idx, (0, grow)))
 
 
 def pad_step(step: StepInputs, bucket: Bucket, seqs_bound: int, logits_rows: int | None = None) -> StepInputs:

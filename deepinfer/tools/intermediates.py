@@ -51,6 +51,7 @@ class IntermediateRecorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.largest: Intermediate | None = None
+        self.by_op: dict[str, Intermediate] = {}   # the largest output of each op name
         self.num_ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -64,6 +65,8 @@ class IntermediateRecorder(TorchDispatchMode):
             n = t.numel() * t.element_size()
             if self.largest is None or n > self.largest.bytes:
                 self.largest = Intermediate(n, str(func), tuple(t.shape), str(t.dtype).removeprefix("torch."))
+            if str(func) not in self.by_op or n > self.by_op[str(func)].bytes:
+                self.by_op[str(func)] = Intermediate(n, str(func), tuple(t.shape), str(t.dtype).removeprefix("torch."))
         return out
 
     @property
@@ -84,6 +87,7 @@ def max_intermediate_bytes(fn, *args, **kwargs) -> int:
     return 0 if big is None else big.bytes
 
 
+GATHER_OPS = ("aten.index.Tensor", "aten.gather.default")   # the ops a per-row gather runs as
 REGIONS = ("projections", "attention", "ffn")   # neuron_ops/regions.py SUB_REGIONS, in layer order
 
 
@@ -121,8 +125,9 @@ def step_region_intermediates(model, cache, layout, chunks, bucket, regions=REGI
     # recorders nest inside this one, so its maximum covers the whole step
     with IntermediateRecorder() as whole:
         model(step, cache, run_layer=run_layer)
+    ops = sorted(whole.by_op.values(), key=lambda i: -i.bytes)
     return {"tokens": bucket.num_tokens, "context": bucket.context, "regions": rows,
-            "step": asdict(whole.largest)}
+            "step": asdict(whole.largest), "ops": [asdict(i) for i in ops]}
 
 
 def largest_by_region(report: dict) -> dict[str, dict]:
@@ -160,6 +165,10 @@ def format_report(report: dict) -> str:
                      f"{list(row['shape'])} {row['dtype']}")
     s = report["step"]
     lines.append(f"  {'whole step':12s} {s['bytes'] / MiB:10.1f} MiB  {s['op']} {list(s['shape'])} {s['dtype']}")
+    # the gathers (advanced indexing, gather) the B7 rule is about, whatever their rank among the ops
+    for row in report["ops"]:
+        if row["op"] in GATHER_OPS:
+            lines.append(f"  {'gather':12s} {row['bytes'] / MiB:10.1f} MiB  {row['op']} {list(row['shape'])} {row['dtype']}")
     return "\n".join(lines)
 
 

@@ -7,9 +7,11 @@ _BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 
 def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor,
                  key_scale: float = 1.0) -> torch.Tensor:
-    """q: [T, nI, dI]; keys: [T, E, dI]; weights: [T, nI] (fp32).
+    """q: [T, nI, dI]; keys: [T, E, dI] (each row its own) or [E, dI] (a shared scope, every row
+    scored against all of it); weights: [T, nI] (fp32).
     score(t, w) = sum_h weights[t, h] * ReLU(<q_h, k_w>) * key_scale; invalid entries -> -inf."""
-    s = torch.relu(torch.einsum("thd,ted->the", q.float(), keys.float())) * key_scale
+    eq = "thd,ed->the" if keys.dim() == 2 else "thd,ted->the"
+    s = torch.relu(torch.einsum(eq, q.float(), keys.float())) * key_scale
     s = (s * weights.float()[..., None]).sum(dim=1)
     return s.masked_fill(~valid, float("-inf"))
 

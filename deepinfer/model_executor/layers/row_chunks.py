@@ -5,7 +5,12 @@ width] per step: at V4.1-Flash shapes (a 2048-token chunk, 16K context) one such
 Every op involved is row-wise (each row's scores, top-k, softmax and gathered records depend only
 on that row), so running the rows in chunks gives every row the same result and bounds each
 intermediate by the chunk's. Chunk sizes depend only on shapes, so a traced graph stays static.
+
+A prompt chunk's rows do not gather per row at all: they read the shared scope, what the chunk's
+last row sees, gathered once (forward_meta.CompressMeta.scope_idx); the chunks still bound their
+[rows, scope] score tensors. `scope_branch` picks, per chunk, the scope or the rows' own gathers.
 """
+import torch
 
 # Largest intermediate one chunk may make: half the 256 MiB a graph's largest intermediate may
 # reach (tests/unit/test_intermediates.py), leaving room for the chunk's neighbours.
@@ -21,3 +26,17 @@ def row_chunks(rows: int, bytes_per_row: int, budget: int | None = None) -> list
     if n >= rows:
         return [(0, rows)]
     return [(s, min(rows, s + n)) for s in range(0, rows, n)]
+
+
+def scope_branch(in_scope: torch.Tensor, shared, own, args: tuple) -> tuple:
+    """shared(*args) when every row of a chunk belongs to the step's scope sequence (`in_scope`, [rows]
+    bool), else own(*args): both give such rows the same result, the shared one reading the scope
+    gathered once (forward_meta.CompressMeta.scope_idx), the own one each row's gathered entries.
+    Traced into a graph it is a torch.cond (no host sync, both branches compiled); on meta (the
+    full-scale intermediates reports) both branches run, since the graph holds both."""
+    if torch.compiler.is_compiling():
+        return torch.cond(in_scope.all(), shared, own, args)
+    if in_scope.is_meta:
+        own(*args)
+        return shared(*args)
+    return shared(*args) if bool(in_scope.all()) else own(*args)

@@ -12,7 +12,7 @@ from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.compressor import gather_overlap_slots
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
 from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
-from deepinfer.model_executor.layers.row_chunks import row_chunks
+from deepinfer.model_executor.layers.row_chunks import row_chunks, scope_branch
 from deepinfer.model_executor.models.v4_common import LayerIO, Norm, StepContext, f32_param, linear
 
 
@@ -177,39 +177,80 @@ class Attention(nn.Module):
         cos, sin = ctx.rope("compress")
         q = ctx.k.rope(q, cos[:, None], sin[:, None])
         w = (h @ self.indexer.weights_proj.weight.t()).float()
-        # a row's intermediates: its decoded keys [E, dI] and head scores [nI, E] in fp32, the sort's
-        # values and int64 indices [E] (row_chunks.py: rows in chunks, every row's result unchanged)
-        per_row = meta.vis_idx.shape[1] * (d_i + n_i + 3) * 4
-        parts = [self._index_rows(q[a:b], w[a:b], meta, io, slice(a, b), ctx) for a, b in row_chunks(t, per_row)]
+        # a row's intermediates: its decoded keys [E, dI] (own rows only) and head scores [nI, E] in
+        # fp32, the sort's values and int64 indices [E] (row_chunks.py: rows in chunks, every row's
+        # result unchanged)
+        e = meta.vis_idx.shape[1]
+        own_row = e * (d_i + n_i + 3) * 4
+        # decode: every row gathers its own keys. So does a traced graph for now: with the indexer's
+        # torch.cond in a whole-layer graph, Dynamo lost the layer's selection (io.topk_out) in compiled
+        # verification steps (tests/engine/test_cpu_compiled.py), a cause not yet found
+        if meta.scope_idx is None or torch.compiler.is_compiling():
+            parts = [self._index_rows(self._scores(q[a:b], w[a:b], self._own_keys(meta.vis_idx[a:b], io),
+                                                   meta.vis_valid[a:b], ctx), meta, io, slice(a, b))
+                     for a, b in row_chunks(t, own_row)]
+        else:
+            # a prompt chunk: the keys its last row sees, gathered and decoded once; each row scores
+            # them all and keeps its causal prefix by vis_valid (docs/model.md §3.4)
+            scope = io.fmt.index.decode(io.index_keys[meta.scope_idx], torch.float32)
+            parts = [self._index_rows(self._scoped_scores(q[a:b], w[a:b], scope, meta, io, slice(a, b), ctx, own_row),
+                                      meta, io, slice(a, b)) for a, b in row_chunks(t, e * (n_i + 3) * 4)]
         sel = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
         if self.candidate_source:
             io.candidates_out = parts[0][1] if len(parts) == 1 else torch.cat([p[1] for p in parts])
         io.topk_out = sel
         return sel
 
-    def _index_rows(self, q, w, meta, io: LayerIO, rows: slice, ctx: StepContext):
-        """The indexer over some rows: (selected entry columns [rows, k], candidate blocks or None)."""
+    def _own_keys(self, vis_idx: torch.Tensor, io: LayerIO) -> torch.Tensor:
+        """Each row's visible index keys, gathered per row: [rows, E, dI] fp32."""
+        return io.fmt.index.decode(io.index_keys[vis_idx], torch.float32)
+
+    def _scores(self, q, w, keys, vis_valid, ctx: StepContext) -> torch.Tensor:
+        """Indexer scores [rows, E] of some rows over their keys ([rows, E, dI]) or a shared scope ([E, dI])."""
         cfg = self.cfg
-        n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
-        vis_valid = meta.vis_valid[rows]
-        keys = io.fmt.index.decode(io.index_keys[meta.vis_idx[rows]], torch.float32)
-        cand = None
         if cfg.is_v41:
-            scores = ctx.k.index_scores(q, keys, w, vis_valid)
+            return ctx.k.index_scores(q, keys, w, vis_valid)
+        n_i, d_i = cfg.index_n_heads, cfg.index_head_dim
+        return ctx.k.index_scores(q, keys, w * n_i ** -0.5, vis_valid, key_scale=d_i ** -0.5)
+
+    def _scoped_scores(self, q, w, scope, meta, io: LayerIO, rows: slice, ctx: StepContext, own_row: int):
+        """Scores of some rows of a step with a scope: over the shared scope when every row is the
+        scope sequence's, else over per-row keys (in chunks of `own_row` bytes a row). Only what the
+        branches read is passed in: torch.cond rejects operands that alias one another, and the
+        step's index tables are views of one packed buffer (model_executor/step_pack.py)."""
+        fmt = io.fmt.index
+
+        def shared(q, w, valid, scope, vis_idx, cache):
+            return (self._scores(q, w, scope, valid, ctx),)
+
+        def own(q, w, valid, scope, vis_idx, cache):
+            parts = [self._scores(q[a:b], w[a:b], fmt.decode(cache[vis_idx[a:b]], torch.float32), valid[a:b], ctx)
+                     for a, b in row_chunks(q.shape[0], own_row)]
+            return (parts[0] if len(parts) == 1 else torch.cat(parts),)
+        # the branches close over no LayerIO: Dynamo then kept none of its attribute writes after the
+        # cond (the layer's selection went missing in compiled verification steps)
+        return scope_branch(meta.in_scope[rows], shared, own,
+                            (q, w, meta.vis_valid[rows], scope, meta.vis_idx[rows], io.index_keys))[0]
+
+    def _index_rows(self, scores, meta, io: LayerIO, rows: slice) -> tuple:
+        """Top-k over some rows' scores: (selected entry columns [rows, k],) plus the candidate blocks
+        at the candidate source layer (V4.1's candidate filter applied first at its consumers)."""
+        cfg = self.cfg
+        if cfg.is_v41:
             if self.candidate_consumer and io.candidates is not None:
                 mask = candidate_entry_mask(io.candidates[rows], scores.shape[1], cfg.candidate_block_size)
                 scores = scores.masked_fill(~mask, float("-inf"))
             if self.candidate_source:
                 cand = candidate_blocks(scores, meta.n_vis[rows], cfg.candidate_block_size, cfg.candidate_topk_blocks)
-        else:
-            scores = ctx.k.index_scores(q, keys, w * n_i ** -0.5, vis_valid, key_scale=d_i ** -0.5)
-        return stable_topk(scores, cfg.index_topk), cand
+                return stable_topk(scores, cfg.index_topk), cand
+        return (stable_topk(scores, cfg.index_topk),)
 
-    def _attend_rows(self, q, full, swa_idx, rows, valid, io: LayerIO, ctx: StepContext) -> torch.Tensor:
-        """Sink attention of some rows over their window records and selected entries."""
+    def _attend_rows(self, q, full, swa_idx, entries, valid, io: LayerIO, ctx: StepContext) -> torch.Tensor:
+        """Sink attention of some rows over their window records and their selected entries'
+        decoded records ([rows, k, d], None for a window-only layer)."""
         keys = io.fmt.swa.decode(full[swa_idx], q.dtype)
-        if rows is not None:
-            keys = torch.cat([keys, io.fmt.entries.decode(io.entries[rows], q.dtype)], dim=1)
+        if entries is not None:
+            keys = torch.cat([keys, entries], dim=1)
         return ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, self.cfg.head_dim ** -0.5)
 
     def forward(self, h: torch.Tensor, ctx: StepContext, io: LayerIO) -> torch.Tensor:
@@ -249,16 +290,33 @@ class Attention(nn.Module):
         if io.swa_snap is not None and step.prefix is not None:
             prefix_state.snapshot(io.swa_snap, step.prefix.swa, ring, kv, full)
         valid = step.swa_valid
-        rows = None
+        meta = cols = scope = None
         if self.ratio > 0:
             meta = step.comp[self.src_comp_key]
             sel = self._select(h, cq, ctx, meta, io)
-            rows = meta.vis_idx.gather(1, sel.clamp(min=0)) if sel.numel() else sel.clamp(min=0)
+            cols = sel.clamp(min=0)
             valid = torch.cat([valid, sel >= 0], dim=1)
+            if meta.scope_idx is not None:
+                # a prompt chunk: the records its last row sees, gathered and decoded once; each row
+                # takes its selected columns of them (docs/model.md §3.3)
+                scope = io.fmt.entries.decode(io.entries[meta.scope_idx], q.dtype)
+
+        def attend(a, b):
+            entries = None
+            if cols is not None:
+                c = cols[a:b]
+                rows = meta.vis_idx[a:b].gather(1, c) if c.numel() else c   # pool rows of the selected entries
+                if scope is None:   # decode: gathered per row from the cache
+                    entries = io.fmt.entries.decode(io.entries[rows], q.dtype)
+                else:
+                    fmt = io.fmt.entries
+                    entries = scope_branch(meta.in_scope[a:b], lambda scope, c, rows, cache: (scope[c],),
+                                           lambda scope, c, rows, cache: (fmt.decode(cache[rows], q.dtype),),
+                                           (scope, c, rows, io.entries))[0]
+            return self._attend_rows(q[a:b], full, step.swa_idx[a:b], entries, valid[a:b], io, ctx)
         # a row's gathered records [K, d], read in fp32 by the attention (row_chunks.py)
         per_row = valid.shape[1] * d * 6
-        parts = [self._attend_rows(q[a:b], full, step.swa_idx[a:b], None if rows is None else rows[a:b],
-                                   valid[a:b], io, ctx) for a, b in row_chunks(t, per_row)]
+        parts = [attend(a, b) for a, b in row_chunks(t, per_row)]
         o = parts[0] if len(parts) == 1 else torch.cat(parts)
         if step.swa_write_dst.numel():
             ring[step.swa_write_dst] = io.fmt.swa.encode(kv[step.swa_write_src])

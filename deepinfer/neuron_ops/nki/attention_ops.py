@@ -31,6 +31,8 @@ def sink_attention(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sin
 def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor,
                  key_scale: float = 1.0) -> torch.Tensor:
     t, heads, _ = q.shape
+    if keys.dim() == 2:   # a shared scope: the kernel reads per-row keys, so each row gets a copy
+        keys = keys.expand(t, *keys.shape)
     out = _run(index_scores_kernel, 1, _hbm(q.contiguous()), _hbm(keys.contiguous()),
                _hbm(weights.float().reshape(t, heads, 1)), _hbm(valid.to(torch.uint8)), float(key_scale))
     return _torch(out)

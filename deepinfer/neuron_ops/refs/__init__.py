@@ -56,7 +56,7 @@ FAKES = {
     "hc_post": lambda x, y, post, comb: torch.empty_like(x),
     "hc_head": lambda x, fn, base, scale, norm_eps, hc_eps: _f32(x, x.shape[0], fn.shape[0]),
     "sink_attention": lambda q, keys, valid, sink, scale: torch.empty_like(q),
-    "index_scores": lambda q, keys, weights, valid, key_scale=1.0: _f32(q, q.shape[0], keys.shape[1]),
+    "index_scores": lambda q, keys, weights, valid, key_scale=1.0: _f32(q, q.shape[0], keys.shape[-2]),
     "compress_pool": lambda c, z, valid: c.new_empty(c.shape[0], c.shape[2]),
     "moe_experts": lambda x, idx, weights, w13, w2, limit: torch.empty_like(x),
     "moe_experts_active": lambda x, idx, weights, w13, w2, limit: torch.empty_like(x),

@@ -86,8 +86,11 @@ RULES: tuple[Rule, ...] = (
          "no torch.topk with k >= 1024: nkilib's rotational top-k",
          None),
     Rule('B7',
-         'no large per-row gathers: gather a shared scope once and mask per row; the largest intermediate '
-         'of any graph at most 256 MiB (measured: the device report, graphs[].max_intermediate_bytes)',
+         'no large per-row gathers: a prompt chunk gathers what its last row sees once (the shared scope) '
+         'and masks per row; rows of other sequences in its step gather their own, in bounded row chunks; '
+         'the largest intermediate of any graph at most 256 MiB (measured: the device report, '
+         'graphs[].max_intermediate_bytes); eager prompt chunks follow it '
+         '(tests/engine/test_shared_scope.py), compiled graphs not yet in the indexer (docs/neuron.md §4 B7)',
          None),
     Rule('B8',
          'few buckets, the graph count logged before anything compiles (at most 64 for the default '

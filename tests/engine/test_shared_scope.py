@@ -1,0 +1,110 @@
+"""The shared scope of a prompt chunk (forward_meta.CompressMeta.scope_idx, docs/neuron.md §4 B7):
+the indexer scores the keys the chunk's last row sees, gathered once, and the attention takes each
+row's selected records from the records gathered once; rows of other sequences in the step keep
+their own gathers (row_chunks.scope_branch). Both paths give every row the same bits."""
+import pytest
+import torch
+
+from deepinfer.config import ModelConfig
+from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
+from deepinfer.model_executor.models import v4_attention
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
+from deepinfer.worker.worker import build_model
+from tests.support.model_helpers import run_batch
+
+
+@pytest.fixture(scope="module")
+def models(tiny_v4_dir, tiny_v41_dir):
+    """Each tiny checkpoint's model, built once for the module."""
+    return {kind: build_model(ModelConfig.from_pretrained(d), str(d), torch.float32, progress=False)
+            for kind, d in (("v4", tiny_v4_dir), ("v41", tiny_v41_dir))}
+
+
+def _ids(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [0] + torch.randint(3, 128000, (n - 1,), generator=g).tolist()
+
+
+def test_scope_is_the_longest_real_chunks_last_row(tiny_v41_dir):
+    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
+    bs = default_block_size(cfg)
+    layout = cache_layout(cfg, 4, bs, None)
+    ids = _ids(96, 1)
+    chunks = [SeqChunk(1, 60, 1, list(range(1, 9)), ids),            # a decode row
+              SeqChunk(2, 16, 40, list(range(9, 17)), ids),          # the longest real chunk: the scope
+              SeqChunk(3, 0, 40, list(range(17, 25)), ids),          # as long, later: not the scope
+              SeqChunk(0, 0, 50, [0], [0] * 50, num_logits=0)]       # a placeholder, longer still
+    step = build_step_inputs(chunks, layout)
+    for m in step.comp.values():
+        in_scope = m.in_scope
+        assert in_scope.tolist() == [False] + [True] * 40 + [False] * 90
+        last = 40
+        assert torch.equal(m.scope_idx, m.vis_idx[last])
+        for t in torch.nonzero(in_scope).flatten().tolist():   # each scope row sees a prefix of the scope
+            n = int(m.n_vis[t])
+            assert torch.equal(m.vis_idx[t, :n], m.scope_idx[:n]) and not m.vis_valid[t, n:].any()
+    decode = build_step_inputs([SeqChunk(1, 60, 1, list(range(1, 9)), ids),
+                                SeqChunk(2, 30, 1, list(range(9, 17)), ids)], layout)
+    assert all(m.scope_idx is None and m.in_scope is None for m in decode.comp.values())
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_shared_scope_and_own_gathers_give_the_same_logits(models, kind, monkeypatch):
+    model = models[kind]
+    prompts = [_ids(56, 3), _ids(20, 4), _ids(2, 5)]    # one step: the scope sequence and two others
+    real_chunks, real_branch = v4_attention.row_chunks, v4_attention.scope_branch
+    taken = []
+
+    def branch(in_scope, shared, own, args):
+        taken.append(bool(in_scope.all()))
+        return real_branch(in_scope, shared, own, args)
+    monkeypatch.setattr(v4_attention, "scope_branch", branch)
+    # chunks of 16 rows: chunks inside the 90-token prompt read the scope, the rest their own rows
+    monkeypatch.setattr(v4_attention, "row_chunks", lambda rows, per_row, budget=None: real_chunks(
+        rows, per_row, budget=16 * per_row))
+    mixed = run_batch(model, prompts)
+    assert True in taken and False in taken
+    monkeypatch.setattr(v4_attention, "scope_branch", lambda in_scope, shared, own, args: own(*args))
+    own = run_batch(model, prompts)
+    for a, b in zip(mixed, own):
+        assert torch.equal(a, b)
+
+
+class _CacheGathers(TorchDispatchMode):
+    """The index shapes of every advanced-indexing read of the given cache tensors."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.storages = {t.untyped_storage().data_ptr() for t in tensors}
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.index.Tensor and args[0].untyped_storage().data_ptr() in self.storages:
+            self.shapes += [tuple(i.shape) for i in args[1] if i is not None]
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_row(models):
+    """docs/neuron.md §4 B7: a prompt chunk reads each entry / index-key cache once, a 1-D gather of
+    the scope; only a decode step gathers [rows, entries] per row."""
+    model = models["v41"]
+    cfg = model.cfg
+    bs = default_block_size(cfg)
+    layout = cache_layout(cfg, 4, bs, model.engram_spec)
+    cache = allocate_cache(cfg, 4, 12, bs, torch.float32)
+    ids = _ids(80, 6)
+    compressed = list(cache.entries.values()) + list(cache.index_keys.values())
+    table = list(range(1, 11))
+    prompt = _CacheGathers(compressed)
+    with prompt:
+        model(build_step_inputs([SeqChunk(1, 0, 60, table, ids, 1)], layout), cache)
+    decode = _CacheGathers(compressed)
+    with decode:
+        model(build_step_inputs([SeqChunk(1, 60, 1, table, ids, 1), SeqChunk(2, 0, 1, [11], ids, 1)], layout), cache)
+    assert prompt.shapes and all(len(s) == 1 for s in prompt.shapes)
+    readers = sum(1 for layer in model.layers if layer.attn.ratio > 0)
+    entry_reads = [s for s in prompt.shapes if s[0] > 0]
+    assert readers <= len(entry_reads) <= 2 * readers    # the records, and the keys where a layer indexes
+    assert decode.shapes and any(len(s) == 2 and s[0] == 2 for s in decode.shapes)
