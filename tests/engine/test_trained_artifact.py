@@ -13,9 +13,10 @@ lang = load_script("examples/tiny_language.py")
 
 ARTIFACT = REPO / "examples" / "artifacts" / "trained-v41.safetensors"
 N = 40   # held-out prompts a kind (the README's table uses 200)
-# Floors well below what the committed artifact reaches (README "Trained tiny model") and far above
-# the random checkpoint (0 right of N on every kind).
-FLOORS = {"count": 0.5, "copy": 0.5, "lookup": 0.2}
+# Floors below what the committed artifact reaches (README "Trained tiny model": count 53.5 % of 200)
+# and far above the random checkpoint (0 right). Copy and lookup have no floor: the committed model
+# has not learned them (0 % and 1 %), which the README states.
+FLOORS = {"count": 0.3}
 
 
 @pytest.fixture(scope="module")
