@@ -119,14 +119,20 @@ def language_token_ids(tok) -> list[int]:
 # determined answer token, a count or copy line ~20 tokens of which about half are determined, so
 # lookups get a small share of the lines (their tokens are still a large share of the tokens).
 TRAIN_KINDS = ("count", "copy", "lookup")
-TRAIN_SHARES = (0.45, 0.45, 0.10)
+TRAIN_SHARES = (0.35, 0.35, 0.30)
+# half the training lookups have at most this many pairs: more answers a step for the same tokens
+SHORT_LOOKUP_PAIRS = 12
 FREE_WEIGHT = 0.1   # loss weight of tokens the rules do not determine (random words, starts, keys)
 
 
 def line_parts(rng: random.Random, kind: str) -> tuple[str, str]:
     """(free part, determined part) of one line: what a rule fixes is the count after its second
     number, the copy after ` =`, the lookup's value after ` ->` (with the newline)."""
-    text = lang.line(rng, kind)
+    if kind == "lookup" and rng.random() < 0.5:
+        head, value = lang.lookup_parts(rng, False, SHORT_LOOKUP_PAIRS)
+        text = f"{head} {value}\n"
+    else:
+        text = lang.line(rng, kind)
     if kind == "count":
         head, nums = text.split(": ", 1)
         nums = nums.split(" ")
@@ -135,7 +141,8 @@ def line_parts(rng: random.Random, kind: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-def training_batch(tok, rng: random.Random, batch: int, seq_len: int) -> list[tuple[list[int], list[float]]]:
+def training_batch(tok, rng: random.Random, batch: int, seq_len: int, kinds_out: list | None = None
+                   ) -> list[tuple[list[int], list[float]]]:
     """`batch` documents of whole lines after BOS, each cut to `seq_len` + 1 tokens (a document
     starts at a line start, as the prompts do), with each token's loss weight: 1 where the rules
     determine the token, FREE_WEIGHT elsewhere."""
@@ -143,12 +150,17 @@ def training_batch(tok, rng: random.Random, batch: int, seq_len: int) -> list[tu
     for _ in range(batch):
         ids: list[int] = [BOS]
         weights: list[float] = [FREE_WEIGHT]
+        kinds = [-1]
         while len(ids) < seq_len + 1:
-            free, fixed = line_parts(rng, rng.choices(TRAIN_KINDS, TRAIN_SHARES)[0])
+            kind = rng.choices(TRAIN_KINDS, TRAIN_SHARES)[0]
+            free, fixed = line_parts(rng, kind)
             a, b = tok.encode(free).ids, tok.encode(fixed).ids
             ids += a + b
             weights += [FREE_WEIGHT] * len(a) + [1.0] * len(b)
+            kinds += [-1] * len(a) + [TRAIN_KINDS.index(kind)] * len(b)
         out.append((ids[: seq_len + 1], weights[: seq_len + 1]))
+        if kinds_out is not None:
+            kinds_out.append(kinds[: seq_len + 1])
     return out
 
 
@@ -218,7 +230,10 @@ def number_features(tok, used: list[int], dim: int, gen: torch.Generator) -> tor
         if text.isdigit():
             ang = 2 * math.pi * int(text) / periods
             feats = torch.cat([ang.sin(), ang.cos(), torch.tensor([float(len(text)), float(text[0] == "0")])])
-            rows[r, : feats.numel()] = 2.0 * feats
+            # the value features dominate the row (a smaller random part), so the rms-normed
+            # input of every layer carries the number's value clearly
+            rows[r] *= 0.5
+            rows[r, : feats.numel()] = 4.0 * feats
     return rows
 
 
@@ -228,7 +243,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="directory of the trained checkpoint")
     ap.add_argument("--artifact", default=None, help="also write the compact artifact here (a .safetensors path)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=70)
+    ap.add_argument("--steps", type=int, default=650)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--lr", type=float, default=5e-3)
@@ -260,10 +275,12 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=max(args.steps, 1), pct_start=0.05)
     rng = random.Random(f"train/{args.seed}")
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     try:
         for it in range(args.steps):
-            batch = training_batch(tok, rng, args.batch, args.seq_len)
+            kinds: list = []
+            batch = training_batch(tok, rng, args.batch, args.seq_len, kinds)
+            kind = torch.tensor([k[1:] for k in kinds]).reshape(-1)
             target = remap[torch.tensor([s[1:] for s, _ in batch]).reshape(-1)]
             weight = torch.tensor([w[1:] for _, w in batch]).reshape(-1)
             h = step_hidden(model, worker, [s[:-1] for s, _ in batch])
@@ -274,11 +291,11 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            if it % 10 == 0 or it == args.steps - 1:
-                hit = (logits.detach().argmax(-1) == target).float()
-                acc = (hit * (weight == 1)).sum() / (weight == 1).sum()
-                log(f"step {it:4d} loss {float(loss.detach()):.3f} determined-token acc {float(acc):.3f} "
-                    f"{time.perf_counter() - t1:.0f} s")
+            if it % 20 == 0 or it == args.steps - 1:
+                hit = logits.detach().argmax(-1) == target
+                acc = " ".join(f"{name} {float(hit[kind == i].float().mean()):.2f}" for i, name in enumerate(TRAIN_KINDS))
+                log(f"step {it:4d} loss {float(loss.detach()):.3f} determined-token acc {acc} "
+                    f"{time.perf_counter() - t1:.0f} s wall, {time.process_time() - c1:.0f} s cpu")
     finally:
         model.embed = real_embed
         for p in params:
@@ -351,8 +368,11 @@ def main(argv=None) -> int:
     try:
         write_checkpoint(raw, work, init)
         max_len = max(args.seq_len, 96) + 16
-        blocks = max(args.batch, 48) * -(-max_len // 16) + 8
-        llm = LLM(model=work, dtype="float32", max_model_len=max_len, max_num_seqs=max(args.batch, 48),
+        # only the training batch's slots: the backward of the cache reads fills gradients the size
+        # of the whole cache, so a cache larger than the batch costs time every step (the draft
+        # distillation runs one sequence at a time in slot 1)
+        blocks = args.batch * -(-max_len // 16) + 8
+        llm = LLM(model=work, dtype="float32", max_model_len=max_len, max_num_seqs=args.batch,
                   weight_format="dense", enforce_eager=True, num_kv_blocks=blocks)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -55,11 +55,14 @@ def test_train_write_expand_load_and_speculate(tmp_path):
 
 def test_training_batches_weigh_the_determined_tokens():
     tok = train_tiny.load_tokenizer()
-    batch = train_tiny.training_batch(tok, random.Random(0), 3, 64)
-    assert batch == train_tiny.training_batch(tok, random.Random(0), 3, 64)
-    for ids, weights in batch:
-        assert ids[0] == train_tiny.BOS and len(ids) == len(weights) == 65
+    kinds: list = []
+    batch = train_tiny.training_batch(tok, random.Random(0), 3, 128, kinds)
+    assert batch == train_tiny.training_batch(tok, random.Random(0), 3, 128)
+    for (ids, weights), kind in zip(batch, kinds):
+        assert ids[0] == train_tiny.BOS and len(ids) == len(weights) == len(kind) == 129
         assert set(weights) == {train_tiny.FREE_WEIGHT, 1.0}
+        # a determined token carries its line's kind, a free one none
+        assert all((w == 1.0) == (k >= 0) for w, k in zip(weights, kind))
     used = set(train_tiny.language_token_ids(tok))
     assert all(t in used for ids, _ in batch for t in ids)
     for kind in lang.KINDS[:3]:
