@@ -16,11 +16,15 @@ is made, docs/neuron.md):
   interpreter);
 - cp2ep2: CPU, fp32, context parallel 2 x expert parallel 2 (four ranks, gloo).
 
-KL: at every answer position where both runs have the same context (the first, and each later one
-while their greedy tokens agree), over the reference run's top 20 tokens (the engine returns at most
-20 logprobs a token): sum p_ref (log p_ref - log p_cfg), a token missing from the configuration's
-top 20 taking the configuration's 20th logprob (an upper bound on its probability); the mean over
-those positions.
+KL: the raw next-token distribution (prompt_logprobs: the model's own softmax, before any sampling
+transform) at every position of the right answer, teacher-forced: each configuration reads the
+prompt followed by the language's right answer, so every configuration sees the same contexts
+whatever it generates. Over the reference's top 20 tokens (the engine returns at most 20 logprobs a
+token): sum p_ref (log p_ref - log p_cfg), a token missing from the configuration's top 20 taking
+the configuration's 20th logprob (an upper bound on its probability); the mean over those
+positions. (The sampled tokens' logprobs would not do: a greedy request's logprobs come from its
+processed distribution, the logits over a temperature of 1e-5, which multiplies every logit
+difference by 1e5.)
 """
 from __future__ import annotations
 
@@ -56,18 +60,26 @@ DESCRIPTION = {
 
 
 def run_here(name: str, model: str, prompts: list, max_len: int) -> dict:
-    """{"texts", "tokens", "dists" (top-20 logprobs per answer position), "seconds"} of one
+    """{"texts", "dists" (top-20 raw logprobs at each teacher-forced answer position), "seconds"} of one
     configuration, in this process (whose environment already holds the configuration's variables)."""
     from deepinfer import LLM, SamplingParams
     t0 = time.perf_counter()
     llm = LLM(model=model, max_model_len=max_len, max_num_seqs=min(len(prompts), 16), **CONFIGS[name][1])
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[p.kind], ignore_eos=True, logprobs=TOP)
-              for p in prompts]
+    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[p.kind], ignore_eos=True) for p in prompts]
     outs = llm.generate([p.prompt for p in prompts], params, use_tqdm=False)
+    # teacher-forced: the prompt and its right answer, the raw distribution at each answer position
+    tok = llm.get_tokenizer()
+    forced = [tok.encode(p.prompt + p.answer) for p in prompts]
+    starts = [len(tok.encode(p.prompt)) for p in prompts]
+    for ids, start, p in zip(forced, starts, prompts):
+        if ids[:start] != tok.encode(p.prompt):
+            raise ValueError(f"the answer changes the prompt's tokens: {p.prompt!r} + {p.answer!r}")
+    teach = llm.generate([{"prompt_token_ids": ids} for ids in forced],
+                         SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=TOP), use_tqdm=False)
     llm.close()
     return {"texts": [o.outputs[0].text for o in outs],
-            "tokens": [list(o.outputs[0].token_ids) for o in outs],
-            "dists": [[{str(t): lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs] for o in outs],
+            "dists": [[{str(t): lp.logprob for t, lp in pos.items()} for pos in o.prompt_logprobs[start:]]
+                      for o, start in zip(teach, starts)],
             "seconds": time.perf_counter() - t0}
 
 
@@ -86,13 +98,6 @@ def run_config(name: str, args) -> dict:
     return res
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def kl(ref: dict[int, float], got: dict[int, float]) -> float:
     floor = min(got.values())
     return sum(math.exp(lp) * (lp - got.get(t, floor)) for t, lp in ref.items())
@@ -106,9 +111,7 @@ def table(results: dict, prompts: list, kinds: list[str]) -> tuple[list[dict], s
         for kind in kinds:
             idx = [i for i, p in enumerate(prompts) if p.kind == kind]
             row[kind] = sum(prompts[i].correct(res["texts"][i]) for i in idx) / len(idx)
-        kls = [kl(ref["dists"][i][j], res["dists"][i][j]) for i in range(len(prompts))
-               for j in range(common_prefix(ref["tokens"][i], res["tokens"][i]) + 1)
-               if j < min(len(ref["dists"][i]), len(res["dists"][i]))]
+        kls = [kl(a, b) for i in range(len(prompts)) for a, b in zip(ref["dists"][i], res["dists"][i])]
         row["kl"] = sum(kls) / len(kls)
         row["kl_positions"] = len(kls)
         rows.append(row)

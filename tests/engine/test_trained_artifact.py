@@ -51,3 +51,18 @@ def test_trained_speculative_greedy_equals_plain_greedy(trained_dir):
         tokens[nextn] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         llm.close()
     assert tokens[3] == tokens[0]
+
+
+def test_quality_table_compares_raw_distributions_on_the_same_contexts(trained_dir, tmp_path):
+    """The quality table's KL reads the raw (temperature 1) distributions at the teacher-forced
+    answer positions: bf16 rounding costs a small KL, the reference against itself none. (A greedy
+    request's own logprobs are its logits over 1e-5: a KL of those runs to thousands.)"""
+    import json
+
+    quality_table = load_script("examples/tools/quality_table.py")
+    out = tmp_path / "quality.json"
+    assert quality_table.main(["--model", str(trained_dir), "--n", "3", "--configs", "fp32,bf16", "--json", str(out)]) == 0
+    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+    # every answer position of the 3 x 3 prompts (each answer is at least two tokens: a word and "\n")
+    assert rows["fp32"]["kl"] == 0.0 and rows["fp32"]["kl_positions"] >= 18
+    assert 0.0 < rows["bf16"]["kl"] < 0.05, rows["bf16"]
