@@ -121,7 +121,10 @@ def _scope_rows(chunks: list[SeqChunk], start: torch.Tensor, token_seq: torch.Te
     return int(start[b]) + chunks[b].num_new - 1, token_seq == b
 
 
-def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs:
+def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout, shared_scope: bool = True) -> StepInputs:
+    """The step's metadata; `shared_scope=False` leaves out the prompt chunk's shared scope (every row
+    then reads its own gathers, the same values): static_step.BucketSpec.static_step does so for a
+    bucket of a decode bucket's token count, whose graphs have no scope."""
     nb = len(chunks)
     ctx = torch.tensor([c.ctx_len for c in chunks], dtype=torch.long)
     new = torch.tensor([c.num_new for c in chunks], dtype=torch.long)
@@ -167,7 +170,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout) -> StepInputs
     swa_write_src = torch.nonzero(keep).flatten()
     swa_write_dst = tok_slot[keep] * swa_ring + positions[keep] % swa_ring
 
-    scope_last, in_scope = _scope_rows(chunks, start, token_seq)
+    scope_last, in_scope = _scope_rows(chunks, start, token_seq) if shared_scope else (None, None)
     comp = {}
     for (m, spec_ring, overlap) in layout.compressors:
         ring = layout.state_ring(spec_ring)

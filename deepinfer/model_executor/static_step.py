@@ -150,7 +150,11 @@ class BucketSpec:
     def static_step(self, chunks: list[SeqChunk], bucket: Bucket, layout: CacheLayout,
                     logits_rows: int | None = None) -> StepInputs:
         """The host-built step of `chunks` padded to `bucket`: placeholder rows, then static sizes."""
-        step = build_step_inputs(pad_chunks(chunks, bucket), layout)
+        # A bucket of a decode bucket's token count (a verification bucket that shares the decode graphs,
+        # verify_shares_decode) carries no shared scope: the decode graphs have none, and rows of at most
+        # 1 + B tokens gain little from it (forward_meta.CompressMeta.scope_idx).
+        scoped = not any(bucket.num_tokens == b for b in self.batch)
+        step = build_step_inputs(pad_chunks(chunks, bucket), layout, shared_scope=scoped)
         return pad_step(step, bucket, self.seqs_bound, logits_rows=logits_rows)
 
     def select(self, chunks: list[SeqChunk]) -> Bucket | None:

@@ -28,6 +28,9 @@ from deepinfer.neuron_ops.regions import RegionRunner, int64_constant_sites
 class _OpOutputs(TorchDispatchMode):
     """The largest new tensor of the ops run under it, and the ops that produce float8 values."""
 
+    # torch.cond (layers/row_chunks.py scope_branch) reaches the mode as a higher-order operator
+    supports_higher_order_operators = True
+
     def __init__(self):
         super().__init__()
         self.largest = 0
@@ -35,6 +38,10 @@ class _OpOutputs(TorchDispatchMode):
         self.float8: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.higher_order.cond:
+            return self._cond(*args)
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
         tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -46,6 +53,15 @@ class _OpOutputs(TorchDispatchMode):
             if n > self.largest:
                 self.largest, self.op = n, name
         return out
+
+    def _cond(self, pred, true_fn, false_fn, operands):
+        """Both branches run under the mode, since the graph holds both (their intermediates and
+        float8 values count); the result is the taken branch's, the true one on meta (both branches
+        give the same shapes and dtypes, and a meta result has no values)."""
+        with self:
+            taken = true_fn(*operands)
+            other = false_fn(*operands)
+        return taken if pred.is_meta or bool(pred) else other
 
 
 def measure_graph(gm, args) -> tuple[int, str | None, list[str], object]:
@@ -118,12 +134,18 @@ class _RecordingRunner(RegionRunner):
                    "tokens": tokens, "context": context, "max_intermediate_bytes": None, "largest_op": None,
                    "float8_sites": graph_fp8_sites(gm), "int64_sites": int64_sites(gm)}
             traced.graphs.append(row)
+            # a torch.cond cannot read its predicate on meta tensors: such a graph always runs under
+            # the mode, which runs both branches
+            has_cond = any(n.target is torch.ops.higher_order.cond for n in gm.graph.nodes)
 
             def run(*args):
                 if row["max_intermediate_bytes"] is None:
                     row["max_intermediate_bytes"], row["largest_op"], values, out = measure_graph(gm, args)
                     row["float8_sites"] = sorted(set(row["float8_sites"]) | set(values))
                     return out
+                if has_cond:
+                    with _OpOutputs():
+                        return gm(*args)
                 return gm(*args)
             return run
         return backend
