@@ -95,6 +95,8 @@ def gather_order(index: list[list[int]], sizes: list[int], stride: int) -> torch
 class StepFanout:
     """The transport of a model spread over ranks (worker/step_transport.py StepTransport)."""
 
+    single_rank = False
+
     def __init__(self, layout, groups, channel):
         """layout: this rank's ParallelLayout; groups: its ParallelGroups; channel: its StepChannel."""
         self.layout = layout

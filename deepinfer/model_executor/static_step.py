@@ -51,6 +51,12 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def draft_block_tokens(rows: int, depth: int) -> int:
+    """Tokens a compiled DSpark draft block of `rows` rows and `depth` tokens a row runs as: rows x
+    depth up to a power of two (docs/neuron.md §4 B3); the compile plan and the runner both ask here."""
+    return next_pow2(rows * depth)
+
+
 def entry_cap(num_tokens: int, ratio: int, seqs_bound: int) -> int:
     """Upper bound of new compressed entries in a T-token step: a sequence feeding n tokens closes
     at most n // m + 1 entries and at most n, and a step holds at most `seqs_bound` sequences."""
@@ -150,10 +156,12 @@ class BucketSpec:
     def static_step(self, chunks: list[SeqChunk], bucket: Bucket, layout: CacheLayout,
                     logits_rows: int | None = None) -> StepInputs:
         """The host-built step of `chunks` padded to `bucket`: placeholder rows, then static sizes."""
-        # A bucket of a decode bucket's token count (a verification bucket that shares the decode graphs,
-        # verify_shares_decode) carries no shared scope: the decode graphs have none, and rows of at most
-        # 1 + B tokens gain little from it (forward_meta.CompressMeta.scope_idx).
-        scoped = not any(bucket.num_tokens == b for b in self.batch)
+        # A bucket of a decode bucket's token count carries no shared scope (forward_meta.CompressMeta.
+        # scope_idx), as decode steps have none: a region graph is one per (region, kind, tokens,
+        # context) (platforms/neuron/compile_plan.py), so e.g. a verification bucket sharing the decode
+        # graphs (verify_shares_decode) must give them the same inputs. Whether a step has a scope thus
+        # depends on its token count alone.
+        scoped = bucket.num_tokens not in self.batch
         step = build_step_inputs(pad_chunks(chunks, bucket), layout, shared_scope=scoped)
         return pad_step(step, bucket, self.seqs_bound, logits_rows=logits_rows)
 

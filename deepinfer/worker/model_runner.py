@@ -185,8 +185,7 @@ class ModelRunner:
         strategy drafts on the host (then `draft` and `draft_heads`). One rank only for now: every rank of
         a model over ranks runs the draft block, and the fan-out message does not yet say which of the
         two the driver wants."""
-        if not getattr(self.strategy, "greedy_drafts_in_graph", False) or not isinstance(self.transport,
-                                                                                        SingleRankTransport):
+        if not (self.strategy.greedy_drafts_in_graph and self.transport.single_rank):
             return None
         prepared = self.transport.prepare_draft(self.strategy, block, noise_id)
         drafts, conf = self.strategy.forward_draft_greedy(prepared.step, self.cache)

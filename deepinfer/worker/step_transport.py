@@ -37,6 +37,9 @@ def logit_rows(chunks: list[SeqChunk]) -> int:
 
 
 class StepTransport(Protocol):
+    # Whether this rank alone runs the model (then a draft block may return drafts instead of its rows)
+    single_rank: bool
+
     def prepare(self, strategy, chunks: list[SeqChunk]) -> PreparedStep:
         """This rank's share of the step, on its device (the whole step's share-out kept for publish)."""
 
@@ -56,6 +59,8 @@ class StepTransport(Protocol):
 
 class SingleRankTransport:
     """The model runs on this rank alone."""
+
+    single_rank = True
 
     def prepare(self, strategy, chunks: list[SeqChunk]) -> PreparedStep:
         step, bucket = strategy.prepare(chunks)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.model_executor.static_step import Bucket, BucketSpec, next_pow2
+from deepinfer.model_executor.static_step import Bucket, BucketSpec, draft_block_tokens
 from deepinfer.neuron_ops.regions import kind_key, regions_of_step
 
 TOP_KIND = -1   # PlannedGraph.kind of the top-level regions (regions.TOP_REGIONS)
@@ -122,7 +122,7 @@ def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts:
         rows = exit_logits_rows(bucket, spec)
         seen.setdefault(("exit", TOP_KIND, t, rows), PlannedGraph("exit", TOP_KIND, step, t, c))
     for rows in spec.batch if drafts else ():
-        t = next_pow2(rows * drafts)   # the draft block's tokens padded to a power of two (§4 B3)
+        t = draft_block_tokens(rows, drafts)
         seen.setdefault(("draft", TOP_KIND, t), PlannedGraph("draft", TOP_KIND, "draft", t, 0))
     return CompilePlan(tuple(seen.values()), tuple(kinds), tuple(per_kind[k] for k in range(len(kinds))), split,
                        spec)

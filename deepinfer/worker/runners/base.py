@@ -72,6 +72,12 @@ class RunnerStrategy:
         """(logits, confidence) of one draft depth (models/dspark_draft.py draft_heads)."""
         return self.model.draft_heads(hidden, base, prev_ids)
 
+    @property
+    def greedy_drafts_in_graph(self) -> bool:
+        """Whether `forward_draft_greedy` runs the heads with the draft block (neuron_regions.py); here
+        the host samples the drafts (ModelRunner.draft_heads)."""
+        return False
+
     def warm_up(self, cache) -> int:
         """Build every bucket's graph now, from placeholder rows (scratch slot / block only); returns
         the number of graphs this strategy holds. The eager strategy has none."""

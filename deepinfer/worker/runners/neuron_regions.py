@@ -28,7 +28,7 @@ from deepinfer.model_executor.forward_meta import SeqChunk, StepInputs, build_st
 from deepinfer.model_executor.models.dspark_draft import (DraftBlock, draft_forward, draft_step_inputs,
                                                           greedy_drafts, pad_draft_tokens)
 from deepinfer.model_executor.models.v4_common import StepContext
-from deepinfer.model_executor.static_step import Bucket, BucketSpec, next_pow2
+from deepinfer.model_executor.static_step import Bucket, BucketSpec, draft_block_tokens
 from deepinfer.platforms.neuron import compile_cache
 from deepinfer.platforms.neuron.compile_plan import exit_logits_rows, step_class
 from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
@@ -203,7 +203,7 @@ class NeuronRegionStrategy(RunnerStrategy):
 
     def draft_tokens(self, rows: int) -> int:
         """Tokens a draft block of `rows` (a row bucket) runs as: rows x B up to a power of two (§4 B3)."""
-        return next_pow2(rows * self.drafts)
+        return draft_block_tokens(rows, self.drafts)
 
     def draft_to_device(self, step: StepInputs):
         if self.census is not None:
