@@ -84,7 +84,7 @@ SUB_REGIONS = ("projections", "attention", "ffn")
 # restores, embedding, RoPE tables), "exit" (the draft layers' main keys, HC collapse, final norm, LM
 # head) and, with speculative decoding, "draft" (a whole DSpark draft block); each eager op between
 # regions would be a launch of its own on a device (docs/neuron.md §4 C1, C4).
-TOP_REGIONS = ("entry", "exit", "draft")
+TOP_REGIONS = ("entry", "exit", "draft", "verify_draft")
 
 
 def splits(policy: str, num_seqs: int, num_tokens: int, prompt: bool | None = None) -> bool:

@@ -38,6 +38,10 @@ class Platform:
         ue8m0 exponents), converted once at load. The checkpoint's own bytes by default."""
         return codes, scale
 
+    def kernel_weight_layouts(self, model) -> None:
+        """Store the model's packed weights in the layouts this platform's kernels read, once after
+        loading (after fp8_weight_codes). The checkpoint layout by default: nothing to do."""
+
     def validate_config(self, engine_config, model_config) -> None:
         """Raise ValueError for what this backend cannot run."""
 

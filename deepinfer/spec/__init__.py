@@ -7,6 +7,8 @@ Vocabulary: "speculative" / "spec" names the feature, "draft" the tokens it prop
 - proposer.py   DraftProposer: one DSpark draft block and the drafts sampled from it, depth by depth,
                 on the draft seed stream (DRAFT_SEED_OFFSET);
 - verify.py     the accept / resample rule on the sampler's processed distributions;
+- greedy_step.py  a step of greedy rows verified and drafted on the device in one program (the plan
+                rows it reads, the acceptance and draft block it runs, the one tensor it returns);
 - verify_policy.py  VerifyPolicy, the scheduler's side: which drafts each row verifies, and the
                 counters and calibration verification feeds;
 - verify_plan.py    speculative_verify="confidence": the plan from the drafts' confidences;

@@ -12,6 +12,12 @@ For the scheduled rows (engine/scheduler.py; the worker, worker/worker.py, built
    grammar mask it would have as the j-th next output;
 3. every sampling row then gets its next drafts (spec/proposer.py).
 
+When every sampling row is greedy with plain argmaxes (spec/greedy_step.py on_device_step) and the
+runner can (ModelRunner.run_greedy_spec: Neuron region steps in a verification bucket, one rank),
+steps 1-3 run on the device as one program instead, and only the tokens, accepted counts and next
+drafts come back; the tokens are the same (the argmaxes, ties to the lowest id). Other steps, and
+every step on the CPU and CUDA strategies, verify on the host as above.
+
 A logprobs row gets, for every emitted token, the logprob, rank and top-N that the plain sampler
 would report there: verification computes them from the processed target distribution of that
 depth (verify.VerifyOutput, sampler.logprob_output).
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.spec.greedy_step import GreedySpecPlan, on_device_step
 from deepinfer.spec.proposer import DraftProposer, depth_bans, grammar_masks
 from deepinfer.spec.verify import VerifyBatch, verify
 from deepinfer.step_result import RowResult, StepResult, sampled_rows
@@ -36,6 +43,11 @@ class SpecDecoder:
     def execute(self, scheduled, chunks, plain_samples, scores):
         """(StepResult, the ScoreRequests' results) of one step of `scheduled` (as `chunks`).
         plain_samples: the SampleRequest of each sampling row without drafts, in order."""
+        num_drafts = self.proposer.num_drafts
+        if self.runner.greedy_spec_on_device and on_device_step(scheduled, self.eos_ids, num_drafts, scores):
+            done = self._on_device(scheduled, chunks)
+            if done is not None:
+                return done, None
         out = self.runner.run(chunks, None, scores or None)
         logits = out.logits
         plain, spec = [], []  # (scheduled index, first sampling row)
@@ -57,6 +69,20 @@ class SpecDecoder:
             results.update(self._verify(scheduled, spec, logits))
         self.proposer.propose(scheduled, results)
         return StepResult([results[i] for i, s in enumerate(scheduled) if s.do_sample]), out.scores
+
+    def _on_device(self, scheduled, chunks) -> StepResult | None:
+        """Every sampling row greedy (greedy_step.on_device_step): verification, acceptance and the next
+        draft block in one device program where the runner can (ModelRunner.run_greedy_spec), else None.
+        A row without drafts is a verification of none: its token is its row's argmax."""
+        plan = GreedySpecPlan.build(scheduled, chunks, self.proposer.num_drafts)
+        got = self.runner.run_greedy_spec(chunks, plan)
+        if got is None:
+            return None
+        results = {i: RowResult([(t, None, None, []) for t in got.tokens[r]], num_drafts=len(plan.drafts[r]),
+                                num_accepted=got.accepted[r]) for r, i in enumerate(plan.index)}
+        self.proposer.take_drafts(scheduled, results,
+                                  {i: (got.drafts[r], got.confidences[r]) for r, i in enumerate(plan.index)})
+        return StepResult([results[i] for i, s in enumerate(scheduled) if s.do_sample])
 
     def _verify(self, scheduled, spec, logits) -> dict[int, RowResult]:
         bmax = max(len(scheduled[i].draft_token_ids) for i, _ in spec)

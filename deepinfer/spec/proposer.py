@@ -102,6 +102,13 @@ class DraftProposer:
                                                 [float(confs[k][c]) for k in range(n)])
 
 
+    def take_drafts(self, scheduled, results: dict[int, RowResult], drafted: dict) -> None:
+        """Proposals from drafts made on the device with the step (spec/greedy_step.py): drafted[i] =
+        (B argmax drafts, their confidences) of sampling row i, cut to what its next step can use."""
+        for i, n, _ in self.draft_rows(scheduled, results):
+            ids, confs = drafted[i]
+            results[i].proposal = DraftProposal(list(ids[:n]), None, list(confs[:n]))
+
     def draft_rows(self, scheduled, results: dict[int, RowResult]) -> list[tuple[int, int, int]]:
         """(scheduled index, drafts, length once this step's tokens are appended) of every sampling row
         that can use drafts: at most what its next step could emit within max_tokens and max_model_len."""

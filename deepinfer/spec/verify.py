@@ -173,7 +173,7 @@ def residual(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
     return torch.clamp(p - alpha * q, min=0.0)
 
 
-def _accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
+def accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
     """[N, B] bool -> [N] count of leading Trues."""
     if ok.shape[1] == 0:
         return torch.zeros(ok.shape[0], dtype=torch.int64, device=ok.device)
@@ -225,7 +225,7 @@ def verify(
     if greedy_req.numel():
         # sb.greedy_rows are exactly these requests' verify rows, in the same order.
         top = sampler.greedy_tokens(adjusted, sb).reshape(-1, depth)
-        acc = _accepted_prefix(top[:, :b] == drafts.index_select(0, greedy_req))
+        acc = accepted_prefix(top[:, :b] == drafts.index_select(0, greedy_req))
         keep = torch.arange(depth, device=dev).unsqueeze(0) <= acc.unsqueeze(1)
         num_accepted.index_copy_(0, greedy_req, acc)
         token_ids.index_copy_(0, greedy_req, top.masked_fill(~keep, NO_TOKEN))
@@ -271,7 +271,7 @@ def _verify_sampled(lp, drafts, draft_lp, accept_u, resample_u, sample_u, alpha,
     else:
         draft_at_draft = draft_lp.gather(2, safe.unsqueeze(2)).squeeze(2)
     ok = (acceptance_probability(target_at_draft, draft_at_draft) > accept_u) & has_draft
-    acc = _accepted_prefix(ok)
+    acc = accepted_prefix(ok)
 
     # The emitting depth k = acc: a residual draw if d_k was rejected, else (k = B, or no draft
     # at k) a fresh case-0 draw from p.

@@ -95,7 +95,8 @@ class TracedGraphs:
         self.runner = _RecordingRunner(self, split)
 
     def trace_plan(self, strategy, cache, log=None) -> None:
-        """Every bucket warm-up walks (and the draft blocks), through the strategy's forward on meta."""
+        """Every bucket warm-up walks (and the draft blocks, and the verify_draft graphs), through the
+        strategy's forward on meta."""
         from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
         from deepinfer.platforms.neuron.compile_plan import exit_logits_rows
         spec = strategy.buckets
@@ -112,6 +113,10 @@ class TracedGraphs:
                 block = DraftBlock([], [], [], strategy.drafts).padded(rows)
                 strategy.forward_draft(strategy.draft_to_device(draft_step_inputs(block, strategy.layout, noise)),
                                        cache)
+            # a greedy verification step's acceptance and draft block (its forward's graphs are traced)
+            for bucket, rows in strategy.greedy_spec_buckets():
+                self.bucket = ("draft", strategy.draft_tokens(rows), 0)
+                strategy.greedy_spec_placeholders(bucket, rows, cache)
 
     def rows(self) -> list[dict]:
         return list(self.graphs)

@@ -16,9 +16,10 @@ tensor any op of the graph produces when the graph runs on meta (`measure.larges
 (`measure.int64_sites`, §4 A4/A5). Per rank: HBM bytes of the weights, KV cache, Engram tables held
 as device tensors, the largest intermediate of any graph, and their total. `decode_step`: the op
 census (neuron_ops/op_census.py) of the plan's largest plain decode bucket on meta; with drafts,
-`speculative_step`: the census of a verification forward and a draft block whose argmax drafts come from
-its own region, and `speculative_step_host_draws` the same with the per-depth heads run eagerly for
-host-sampled drafts. `rules`: the
+`speculative_step`: the census of a greedy verification step run as one device program (the forward,
+then the acceptance and the next draft block with its argmax drafts in the verify_draft region:
+spec/greedy_step.py), and `speculative_step_host_draws` a step verified on the host: the forward, the
+draft block, and the per-depth heads run eagerly for host-sampled drafts. `rules`: the
 device-rule table (platforms/neuron/device_rules.py). Nothing here ran on a device.
 """
 from __future__ import annotations
@@ -134,24 +135,26 @@ def device_report(cfg, cp: int = 64, ep: int = 64, nextn: int = 0, log=None, **e
 
 
 def speculative_census(strategy, cache, argmax: bool = True):
-    """The census of one speculative step of the largest verification row bucket: the verification
-    forward, then the draft block. argmax: every row drafts by argmax, the heads inside the block's
-    region (ModelRunner.draft_greedy); else the rows the host samples: the block, then the per-depth
-    draft heads as the driver runs them (spec/proposer.py; the draws on the host left out)."""
+    """The census of one speculative step of the largest verification row bucket. argmax: every row
+    greedy with argmax drafts, so the step is one device program (the verification forward, then the
+    acceptance and next draft block in the verify_draft region: spec/greedy_step.py); else rows the host
+    samples: the verification forward, the draft block, then the per-depth draft heads as the driver
+    runs them (spec/proposer.py; the acceptance and draws on the host left out)."""
     from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
     from deepinfer.model_executor.static_step import Bucket
     from deepinfer.platforms.neuron.compile_plan import exit_logits_rows
     spec, b = strategy.buckets, strategy.drafts
     rows = max(spec.verify_batch)
+    if argmax:
+        bucket = max(strategy.greedy_spec_buckets(), key=lambda br: br[1])[0]
+        strategy.greedy_spec_placeholders(bucket, rows, cache)
+        return strategy.census.steps[-1]
     verify = Bucket(rows, spec.verify_bucket_tokens(rows), max(spec.context_ladder()))
     step = spec.static_step([], verify, strategy.layout, logits_rows=exit_logits_rows(verify, spec))
     strategy.forward(strategy.to_device(step, verify), cache, verify)
     block = DraftBlock([], [], [], b).padded(rows)
     noise = int(strategy.model.cfg.dspark_noise_token_id)
     packed = strategy.draft_to_device(draft_step_inputs(block, strategy.layout, noise))
-    if argmax:
-        strategy.forward_draft_greedy(packed, cache)
-        return strategy.census.steps[-1]
     hidden, base = strategy.forward_draft(packed, cache)
     hidden, base = hidden[:rows * b].view(rows, b, -1), base[:rows * b].view(rows, b, -1)
     prev = torch.zeros(rows, dtype=torch.long, device=hidden.device)
@@ -179,10 +182,9 @@ def check_targets(report: dict) -> dict:
 
 
 def speculative_checks(report: dict) -> dict:
-    """With drafts: the speculative step (argmax drafts) within the eager-op target, each of its two
-    device programs (the verification forward, the draft block with its heads) one copy each way, and
-    the whole step one copy each way: missed by design while verification runs on the host, whose
-    result the draft block's inputs are built from."""
+    """With drafts: the speculative step (greedy rows, argmax drafts) within the eager-op target, each of
+    its phases (the verification forward, the acceptance and draft block) at most one copy each way, and
+    the whole step one copy each way (one device program: spec/greedy_step.py)."""
     spec = report.get("speculative_step")
     if not spec:
         return {}

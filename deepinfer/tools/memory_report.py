@@ -239,7 +239,8 @@ def build_meta_model(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, po
                      weight_format: str = "packed", fmt: CheckpointFormat | None = None):
     """The model as the engine builds it, on the meta device: weight_format "packed" keeps the
     checkpoint's quantized tensors packed, as build_model does. post_load also runs
-    `model.post_load()` (what the engine holds once weights are loaded: the stacked experts)."""
+    `model.post_load()` (what the engine holds once weights are loaded: the stacked experts) and,
+    given a platform, its `kernel_weight_layouts` (what its kernels read)."""
     from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
     if weight_format not in ("packed", "dense"):
         raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
@@ -249,6 +250,10 @@ def build_meta_model(cfg, dtype: torch.dtype = torch.bfloat16, platform=None, po
             model.use_weight_formats(config_weight_formats(cfg, fmt))
         if post_load:
             model.post_load()
+            if platform is not None and weight_format == "packed":
+                # the layouts the platform's kernels read, stored after loading (the Neuron platform's
+                # scale values take more bytes than the checkpoint's exponents: kernel_layouts.py)
+                platform.kernel_weight_layouts(model)
     return model
 
 

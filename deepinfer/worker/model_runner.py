@@ -25,7 +25,9 @@ its chunk's logits rows, which then take no SampleRequest (layers/token_scores.p
 SeqChunks, so a multi-token decode row (speculative verification) is a chunk with num_new > 1 and
 num_logits > 1; spec/decoder.py runs such steps without samples and verifies those rows
 (spec/verify.py), sampling the other rows through `sample`; its proposer runs the draft block
-through `draft` and the heads of each draft depth through `draft_heads`.
+through `draft` and the heads of each draft depth through `draft_heads`. A step whose sampling rows
+are all greedy goes through `run_greedy_spec` instead where the strategy can (Neuron regions): the
+acceptance and the next draft block run on the device after the forward (spec/greedy_step.py).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from deepinfer.model_executor.layers.token_scores import TokenScores, score_toke
 from deepinfer.model_executor.layers.vocab_parallel import head_plan
 from deepinfer.model_executor.models.dspark_draft import DraftBlock
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.spec.greedy_step import GreedySpecOutput
 from deepinfer.worker.runners.base import RunnerStrategy
 from deepinfer.worker.step_transport import PreparedStep, SingleRankTransport, StepTransport
 
@@ -190,6 +193,26 @@ class ModelRunner:
         prepared = self.transport.prepare_draft(self.strategy, block, noise_id)
         drafts, conf = self.strategy.forward_draft_greedy(prepared.step, self.cache)
         return drafts[:len(block)], conf[:len(block)]
+
+    @torch.inference_mode()
+    def run_greedy_spec(self, chunks: list[SeqChunk], plan) -> GreedySpecOutput | None:
+        """A step whose sampling rows are all greedy (spec/greedy_step.py GreedySpecPlan), verified and
+        drafted on the device in one program: one copy in, one copy back (tokens, accepted counts,
+        next drafts and confidences). None where the strategy or the step cannot (then `run`, host
+        verification, `draft_greedy` / `draft`). One rank with whole-vocabulary logits only, as
+        `draft_greedy`."""
+        if not self.greedy_spec_on_device:
+            return None
+        t0 = time.perf_counter()
+        out = self.strategy.greedy_spec_step(chunks, plan, self.cache)
+        if out is not None:
+            self.last_timing = RunnerTiming(0.0, time.perf_counter() - t0, 0.0)
+        return out
+
+    @property
+    def greedy_spec_on_device(self) -> bool:
+        """Whether `run_greedy_spec` can run at all (the strategy can, one rank, whole-vocabulary logits)."""
+        return self.strategy.greedy_spec_on_device and self.transport.single_rank and self.vocab_shard is None
 
     def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
                     prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

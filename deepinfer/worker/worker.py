@@ -64,6 +64,7 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     if platform is not None:
         convert = platform.fp8_weight_codes
         model.map_fp8_codes(convert if shared_tables is None else shared_tables.keep_shared(convert))
+        platform.kernel_weight_layouts(model)
     model.shared_tables = shared_tables   # what the rank mapped (segment names), None when nothing
     model.eval()
     if platform is not None and platform.device.type != "cpu":

@@ -1,13 +1,18 @@
 """The shared scope of a prompt chunk (forward_meta.CompressMeta.scope_idx, docs/neuron.md §4 B7):
 the indexer scores the keys the chunk's last row sees, gathered once, and the attention takes each
 row's selected records from the records gathered once; rows of other sequences in the step keep
-their own gathers (row_chunks.scope_branch). Both paths give every row the same bits."""
+their own gathers (row_chunks.scope_branch). Both paths give every row the same bits, in eager steps
+and in compiled region graphs (the rule's check)."""
+import dataclasses
+
 import pytest
 import torch
 
 from deepinfer.config import ModelConfig
 from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
-from deepinfer.model_executor.models import v4_attention
+from deepinfer.model_executor.layers import row_chunks
+from deepinfer.model_executor.models import deepseek_v4, v4_attention
+from deepinfer.neuron_ops.regions import RegionRunner
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size
@@ -57,16 +62,16 @@ def test_shared_scope_and_own_gathers_give_the_same_logits(models, kind, monkeyp
     real_chunks, real_branch = v4_attention.row_chunks, v4_attention.scope_branch
     taken = []
 
-    def branch(in_scope, shared, own, args):
+    def branch(in_scope, shared, own, args, part=""):
         taken.append(bool(in_scope.all()))
-        return real_branch(in_scope, shared, own, args)
+        return real_branch(in_scope, shared, own, args, part)
     monkeypatch.setattr(v4_attention, "scope_branch", branch)
     # chunks of 16 rows: chunks inside the 90-token prompt read the scope, the rest their own rows
     monkeypatch.setattr(v4_attention, "row_chunks", lambda rows, per_row, budget=None: real_chunks(
         rows, per_row, budget=16 * per_row))
     mixed = run_batch(model, prompts)
     assert True in taken and False in taken
-    monkeypatch.setattr(v4_attention, "scope_branch", lambda in_scope, shared, own, args: own(*args))
+    monkeypatch.setattr(v4_attention, "scope_branch", lambda in_scope, shared, own, args, part="": own(*args))
     own = run_batch(model, prompts)
     for a, b in zip(mixed, own):
         assert torch.equal(a, b)
@@ -108,3 +113,74 @@ def test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_ro
     entry_reads = [s for s in prompt.shapes if s[0] > 0]
     assert readers <= len(entry_reads) <= 2 * readers    # the records, and the keys where a layer indexes
     assert decode.shapes and any(len(s) == 2 and s[0] == 2 for s in decode.shapes)
+
+
+
+_COLLECT = deepseek_v4.DecoderLayer.collect
+
+
+def _steps_of_two_sequences(model):
+    """A mixed prompt step (the scope sequence's 28-token chunk and a second sequence's 12), then a
+    verification-shaped step (4 tokens each: the next token and 3 drafts), and a fresh cache. Static
+    shapes (the sync-free MoE a region graph needs) for eager and compiled runs alike."""
+    cfg = model.cfg
+    bs = default_block_size(cfg)
+    layout = cache_layout(cfg, 3, bs, model.engram_spec)
+    a, b = _ids(40, 7), _ids(24, 8)
+    ta, tb = list(range(1, 5)), list(range(5, 9))
+    steps = [[SeqChunk(1, 0, 28, ta, a, 28), SeqChunk(2, 0, 12, tb, b, 12)],
+             [SeqChunk(1, 28, 4, ta, a, 4), SeqChunk(2, 12, 4, tb, b, 4)]]
+    return ([dataclasses.replace(build_step_inputs(c, layout), static_shapes=True) for c in steps],
+            allocate_cache(cfg, 3, 10, bs, torch.float32))
+
+
+def _run_steps(model, monkeypatch, branch, regions=None):
+    """Each step's logits and every index source's selections, the layers eager (`regions` None) or
+    compiled regions, with `branch` as row_chunks.scope_branch, in chunks of 4 rows: the chunks
+    inside the scope sequence's rows read the scope, the rest their own rows."""
+    steps, cache = _steps_of_two_sequences(model)
+    real_chunks = row_chunks.row_chunks
+    monkeypatch.setattr(v4_attention, "row_chunks", lambda rows, per_row, budget=None: real_chunks(
+        rows, per_row, budget=4 * per_row))
+    monkeypatch.setattr(v4_attention, "scope_branch", branch)
+    selections = []
+
+    def collect(layer, io, ctx):
+        if layer.attn.is_index_source:
+            selections.append(io.topk_out)
+        return _COLLECT(layer, io, ctx)
+    monkeypatch.setattr(deepseek_v4.DecoderLayer, "collect", collect)
+    logits = [model(step, cache, run_layer=None if regions is None else
+                    regions.hook(len(step.logits_indices), step.num_tokens, prompt=True)) for step in steps]
+    return logits, selections
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_compiled_indexer_reads_the_scope_with_the_eager_selections(models, kind, monkeypatch):
+    """Compiled whole-layer regions (aot_eager): the indexer and the attention read the shared scope
+    through their torch.cond, and every index source's selections and the greedy tokens of a mixed
+    prompt step and a verification step equal eager's and the per-row reference's. At V4.1 a DSpark
+    target layer writes its target output before the indexer's cond: there the selection written
+    after it was once lost (models/v4_common.py LayerIO)."""
+    model = models[kind]
+    if kind == "v41":
+        assert any(layer.is_target and layer.attn.is_index_source for layer in model.layers)
+    eager, eager_sel = _run_steps(model, monkeypatch, row_chunks.scope_branch)
+    per_row, per_row_sel = _run_steps(model, monkeypatch, lambda in_scope, shared, own, args, part="": own(*args))
+    traced = set()
+
+    def branch(in_scope, shared, own, args, part=""):
+        if torch.compiler.is_compiling():
+            traced.add(part)
+        return row_chunks.scope_branch(in_scope, shared, own, args, part)
+    torch._dynamo.reset()
+    runner = RegionRunner("aot_eager")
+    compiled, compiled_sel = _run_steps(model, monkeypatch, branch, runner)
+    assert traced == {"indexer", "attention"}
+    assert runner.stats.total_graphs == 2 * runner.num_kinds     # one graph a kind per step shape
+    assert len(compiled_sel) == len(eager_sel) == len(per_row_sel) > 0
+    for c, e, p in zip(compiled_sel, eager_sel, per_row_sel):
+        assert c is not None and torch.equal(c, e) and torch.equal(c, p)
+    for c, e, p in zip(compiled, eager, per_row):
+        assert torch.equal(e, p)
+        assert (c - e).abs().max().item() < 1e-4 and torch.equal(c.argmax(-1), e.argmax(-1))

@@ -65,13 +65,15 @@ def test_default_v41_flash_serving_config_compiles_at_most_64_graphs(defaults):
     ladder = BucketSpec(batch=batch_buckets(64), contexts=None, prefill_tokens=(2048,), max_model_len=4096)
     # (+ an entry graph a bucket, an exit graph a token count)
     assert compile_plan(ladder, config_layer_kinds(cfg), "never").counts("region") == {"layer": 616, "entry": 56, "exit": 8}
-    # speculative decoding (nextn 5) adds two draft-block graphs and nothing else: the 8-row verification
+    # speculative decoding (nextn 5) adds two draft-block graphs and the 8-row verification bucket's
+    # acceptance-and-draft graph (spec/greedy_step.py) and nothing else: the 8-row verification
     # bucket (8 x 6 = 48 tokens, padded to 64) runs one region a layer (split policy "prompt") and so
     # shares every graph of the 64-row decode bucket; more verification rows run in the prompt bucket
     spec = _default_plan(cfg, num_speculative_tokens=5)
     assert spec.spec.verify_batch == (8,) and spec.spec.verify_bucket_tokens(8) == 64
-    assert spec.counts("step") == {"decode": 26, "prefill": 35, "draft": 2}
-    assert spec.graph_count == 63 <= 64
+    assert spec.counts("step") == {"decode": 26, "prefill": 35, "draft": 3}
+    assert spec.counts("region")["verify_draft"] == 1
+    assert spec.graph_count == 64 <= 64
     # the draft block of 8 and of 64 rows x 5 tokens, padded to powers of two (§4 B3)
     assert [b["tokens"] for b in spec.buckets() if b["step"] == "draft"] == [64, 512]
 
@@ -79,15 +81,16 @@ def test_default_v41_flash_serving_config_compiles_at_most_64_graphs(defaults):
 def test_verification_buckets_of_more_rows_and_split_verification_are_options(defaults, monkeypatch):
     """DEEPINFER_NEURON_VERIFY_ROWS gives the 64-row bucket its own 512-token verification bucket (13
     whole-layer graphs); DEEPINFER_NEURON_REGION_SPLIT=multi_row splits verification steps as well,
-    the plan before the default changed (131 graphs)."""
+    the plan before the default changed (131 graphs then, 133 with the verify_draft graphs)."""
     cfg = _v41_flash()
     monkeypatch.setenv("DEEPINFER_NEURON_VERIFY_ROWS", "8,64")
     plan = _default_plan(cfg, num_speculative_tokens=5)
-    assert plan.counts("step") == {"decode": 26, "prefill": 35, "verify": 11 + 2, "draft": 2}
+    # (+ a verify_draft graph a verification row bucket)
+    assert plan.counts("step") == {"decode": 26, "prefill": 35, "verify": 11 + 2, "draft": 2 + 2}
     monkeypatch.setenv("DEEPINFER_NEURON_REGION_SPLIT", "multi_row")
     plan = _default_plan(cfg, num_speculative_tokens=5)
-    assert plan.counts("step") == {"decode": 26, "prefill": 35, "verify": 66 + 2, "draft": 2}
-    assert plan.graph_count == 131
+    assert plan.counts("step") == {"decode": 26, "prefill": 35, "verify": 66 + 2, "draft": 2 + 2}
+    assert plan.graph_count == 133
     monkeypatch.setenv("DEEPINFER_NEURON_VERIFY_ROWS", "8,16")
     with pytest.raises(ValueError, match="DEEPINFER_NEURON_VERIFY_ROWS"):
         _default_plan(cfg, num_speculative_tokens=5)
@@ -105,7 +108,7 @@ def _plan_at(cfg, kinds, **engine):
 def test_every_planned_step_has_a_power_of_two_token_count_at_nextn_1_to_5(defaults, engine):
     """Verification steps of rows x (1 + nextn) tokens, draft blocks of rows x nextn tokens and prompt
     buckets pad to powers of two (§4 B3). The verification bucket is the 8-row one, its tokens rounded up
-    to a decode bucket's that holds them (64 at the defaults, at every nextn: 63 graphs); it runs one
+    to a decode bucket's that holds them (64 at the defaults, at every nextn: 64 graphs with its verify_draft graph); it runs one
     region a layer, so 13 graphs (11 layer kinds, entry, exit) where no decode bucket holds it."""
     cfg = _v41_flash()
     kinds = config_layer_kinds(cfg)
@@ -118,7 +121,7 @@ def test_every_planned_step_has_a_power_of_two_token_count_at_nextn_1_to_5(defau
         assert verify == (1 << (8 * (1 + nextn) - 1).bit_length() if engine else 64)
         decode = {b["tokens"] for b in plan.buckets() if b["step"] == "decode"}
         assert plan.counts("step").get("verify", 0) == (0 if verify in decode else 13), (nextn, plan.counts("step"))
-        assert plan.graph_count == (62 if engine else 63), nextn
+        assert plan.graph_count == (63 if engine else 64), nextn
         drafts = [b["tokens"] for b in plan.buckets() if b["step"] == "draft"]
         assert drafts == [1 << (r * nextn - 1).bit_length() for r in plan.spec.batch], (nextn, drafts)
     # 1000-token steps: one 1024-token prompt bucket
@@ -183,5 +186,5 @@ def test_plan_script_prints_and_writes_the_v41_flash_plan(defaults, tmp_path, ca
     spec.loader.exec_module(script)
     out = tmp_path / "plan.json"
     assert script.main(["--config", str(V41_FLASH), "--nextn", "5", "--json", str(out)]) == 0
-    assert "63 region graphs to compile" in capsys.readouterr().out
-    assert json.loads(out.read_text())["by_step"] == {"decode": 26, "draft": 2, "prefill": 35}
+    assert "64 region graphs to compile" in capsys.readouterr().out
+    assert json.loads(out.read_text())["by_step"] == {"decode": 26, "draft": 3, "prefill": 35}

@@ -55,16 +55,18 @@ def test_tiny_v41_report_traces_every_planned_graph():
     step = report["decode_step"]
     assert step["host_to_device_copies"] == 1 and step["device_to_host_copies"] == 1
     assert step["eager_ops"] == 0 and not step["ops"], step["ops"]
-    # a speculative step whose rows draft by argmax: the draft block with its heads is one region, one
-    # copy each way, nothing eager (the vocabulary-split base logits are gathered in the region, cp 2)
+    # a speculative step of greedy rows: the verification forward, then the acceptance and the draft
+    # block with its heads in one region (the vocabulary-split logits gathered in the region, cp 2):
+    # one device program, the step's inputs in and the tokens and drafts out, nothing eager
     spec = report["speculative_step"]
     draft = spec["by_phase"]["draft"]
-    assert draft["host_to_device"] == 1 and draft["device_to_host"] == 1 and "eager_ops" not in draft
+    assert "host_to_device" not in draft and draft["device_to_host"] == 1 and "eager_ops" not in draft
     assert spec["eager_ops"] == 0 and spec["phases"] == ["step", "draft"], spec
-    assert spec["host_to_device_copies"] == spec["device_to_host_copies"] == 2   # verification, then the block
+    assert spec["host_to_device_copies"] == spec["device_to_host_copies"] == 1
     checks = report["checks"]
     assert checks["speculative_eager_ops"] and checks["speculative_copies_a_program"]
-    assert not checks["speculative_copies_a_step"]
+    assert checks["speculative_copies_a_step"]
+    assert any(g["kind"] == "verify_draft" for g in report["graphs"])
     # host-sampled drafts: the block's rows come back and the heads run eagerly, two copies back a depth
     host = report["speculative_step_host_draws"]
     assert host["phases"] == ["step", "draft"] + ["heads"] * nextn
@@ -85,6 +87,7 @@ def test_v41_flash_report_at_cp64_ep64(nextn, tmp_path):
     checks = report["checks"]
     assert checks["graphs_match_plan"] and checks["int64_sites_zero"] and checks["float8_sites_zero"]
     assert checks["copies"]
-    assert checks["graph_count"] and report["graph_count"] == (63 if nextn else 61)
+    assert checks["graph_count"] and report["graph_count"] == (64 if nextn else 61)
     if nextn:
         assert checks["speculative_eager_ops"] and checks["speculative_copies_a_program"]
+        assert checks["speculative_copies_a_step"]   # one device program: spec/greedy_step.py

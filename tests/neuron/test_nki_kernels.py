@@ -3,19 +3,13 @@ stay within trn2's rules, and report plausible instruction counts."""
 import pytest
 import torch
 
-from deepinfer.model_executor.layers.quant_gemm import dequant_fp8_rows
 from deepinfer.neuron_ops import kernel_routing
 from deepinfer.neuron_ops.nki import ops
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp8_gemm import K_TILE, N_TILE
+from tests.support.gemm_close import bf16_ulps as _bf16_ulps
+from tests.support.gemm_close import gemm_close as _gemm_close
 
 GEN = torch.Generator().manual_seed(0)
-
-
-def _bf16_ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-    """|got - want| in units of want's bf16 spacing (fp32 summation order may flip the last bit)."""
-    w = want.float()
-    spacing = torch.ldexp(torch.ones_like(w), torch.frexp(w.abs().clamp_min(1e-30))[1] - 8)
-    return (got.float() - w).abs() / spacing
 
 
 # --- rms_norm ------------------------------------------------------------------------------------
@@ -62,17 +56,6 @@ def test_swiglu_clamps():
 
 
 # --- blockquant fp8 gemm -------------------------------------------------------------------------
-def _gemm_close(got, want, x, codes, scale) -> bool:
-    """Equal up to fp32 summation order (bounded by the sum of |products|) and, for bf16 outputs,
-    one final rounding."""
-    n, k = codes.shape
-    bound = x.float().abs() @ dequant_fp8_rows(codes, scale, 32, 32, 0, n).abs().t()
-    err = (got.float() - want.float()).abs() - 1e-6 * k ** 0.5 * bound
-    if got.dtype == torch.bfloat16:
-        return bool((_bf16_ulps(want.float() + err.clamp_min(0), want) <= 1).all())
-    return bool((err <= 0).all())
-
-
 def _fp8_weight(n, k, block=32):
     codes = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=GEN)
     codes = torch.where((codes & 0x78) == 0x78, codes & 0xF7, codes)  # stay within trn2 e4m3 (<= 240)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from deepinfer.config import ModelConfig
+from deepinfer.model_executor.layers import kernel_layouts
 from deepinfer.model_executor.layers.engram_host import host_tables
 from deepinfer.model_executor.layers.packed_weights import PackedFp8Linear, PackedFp8Table, is_packed
 from deepinfer.model_executor.static_step import BucketSpec
@@ -34,6 +35,11 @@ def test_packed_regions_give_the_cpu_tokens(request, kind):
                 if isinstance(m, (PackedFp8Linear, PackedFp8Table))]
     assert fp8_mods and all(fp8.trn2_representable(m.weight) for m in fp8_mods)
     assert max(m.weight.view(torch.float8_e4m3fn).float().abs().max().item() for m in fp8_mods) <= 224.0
+    # stored in the kernels' layouts at load (layers/kernel_layouts.py): fp8 linears partition-major,
+    # the packed expert stacks K-major
+    assert all(kernel_layouts.fp8_is_kernel_layout(m.weight) for m in fp8_mods if isinstance(m, PackedFp8Linear))
+    stacks = [m for m in packed.modules() if getattr(m, "_w13_scale", None) is not None]
+    assert stacks and all(kernel_layouts.fp4_is_kernel_layout(m._w13, m._w13_scale) for m in stacks)
     regions = RegionRunner("aot_eager")
     s = Seqs(packed, NeuronRegionStrategy, PROMPTS, platform=host, buckets=SPEC, regions=regions)
     assert s.greedy(5) == golden

@@ -26,6 +26,8 @@ SLOW = {
     # the compiled cpu step: Dynamo traces every layer kind's region (aot_eager), measured at load ~10
     "engine/test_cpu_compiled.py::test_compiled_steps_give_the_eager_greedy_tokens": 1037,
     "engine/test_cpu_compiled.py::test_compiled_verification_gives_the_plain_tokens": 130,
+    # compiled regions of both tiny checkpoints over two step shapes (the v4 case ~33 s, v41 ~131 s)
+    "engine/test_shared_scope.py::test_compiled_indexer_reads_the_scope_with_the_eager_selections": 164,
     "engine/test_train_tiny.py::test_train_write_expand_load_and_speculate": 53,
     "engine/test_trained_artifact.py": 40,   # the quality-table case runs three engines in subprocesses
     "engine/test_engine_sampling.py::test_preemption_keeps_the_matcher_state": 14,
@@ -47,6 +49,7 @@ SLOW = {
     "neuron/test_scripts.py::test_dockerfile_self_check_runs_on_the_host": 13,
     "neuron/test_regions.py::test_warm_up_compiles_every_bucket_before_the_first_request": 12,
     "neuron/test_spec_regions.py": 17,
+    "neuron/test_spec_one_copy.py": 690,   # 9 engines at ~30-100 s each under load
     # the tiny V4.1 engine's warm-up (its draft region with the heads); the tie rule and the row choice stay fast
     "neuron/test_draft_heads_in_graph.py::test_in_graph_argmax_drafts_equal_the_host_path": 72,
     # nextn 5 stays fast: the one speculative region-graph case of make test

@@ -43,10 +43,17 @@ def oracle_drafts(monkeypatch, prompts, continuations, corrupt=0.3):
     probability `corrupt` (a fixed draw per sequence, position and depth), so accepted runs and
     rejections at every depth both happen."""
     truth = {tuple(p["prompt_token_ids"]): c for p, c in zip(prompts, continuations)}
-    real = proposer.DraftProposer.propose
+    real, taken = proposer.DraftProposer.propose, proposer.DraftProposer.take_drafts
 
     def draft(self, scheduled, results):
         real(self, scheduled, results)
+        overwrite(scheduled, results)
+
+    def take(self, scheduled, results, drafted):   # drafts made on the device with the step
+        taken(self, scheduled, results, drafted)
+        overwrite(scheduled, results)
+
+    def overwrite(scheduled, results):
         for i, s in enumerate(scheduled):
             prop = results.get(i) and results[i].proposal
             if not prop:
@@ -60,3 +67,4 @@ def oracle_drafts(monkeypatch, prompts, continuations, corrupt=0.3):
                 ids.append((t + 1) % 128000 if bad else t)
             prop.token_ids = ids
     monkeypatch.setattr(proposer.DraftProposer, "propose", draft)
+    monkeypatch.setattr(proposer.DraftProposer, "take_drafts", take)

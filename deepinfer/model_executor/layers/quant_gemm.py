@@ -7,7 +7,10 @@ low nibble first), ue8m0 scales as uint8 exponent bytes, block shapes as ints; n
 bitcast of an input reaches a graph (docs/neuron.md §4 A11). The e4m3 codes are read through a
 float8 view, or with int_codes through integer arithmetic (layers/quant_bits.py, the same values
 bit for bit), the form the Neuron references take so that their graphs hold no float8 value
-(§4 A9). Each reference dequantizes one tile at a time inside
+(§4 A9). On the Neuron platform the packed weights are stored in the NKI kernels' layouts
+(layers/kernel_layouts.py, told apart by their shapes); every function here takes those too and
+reads them through `kernel_layouts.fp8_checkpoint_view` / `fp4_checkpoint_view`: the same codes and
+exponents the kernel reads. Each reference dequantizes one tile at a time inside
 the call (a block of output rows, one expert) and accumulates in fp32, so no dense copy of a weight
 outlives the call. Outputs are in x's dtype.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.model_executor.layers import quant, quant_bits
+from deepinfer.model_executor.layers import kernel_layouts, quant, quant_bits
 from deepinfer.model_executor.layers.moe import (active_expert_slots, active_slot_sum, combine_weights, looped_experts,
                                                  swiglu)
 
@@ -54,8 +57,11 @@ def _row_tiles(n: int, block_rows: int):
 
 def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
                         block_cols: int, *, int_codes: bool = False) -> torch.Tensor:
-    """y = x @ W^T. x: [M, K]; w_codes: uint8 e4m3 [N, K]; w_scale: uint8 ue8m0 [ceil(N/br), ceil(K/bc)]."""
+    """y = x @ W^T. x: [M, K]; w_codes: uint8 e4m3 [N, K]; w_scale: uint8 ue8m0 [ceil(N/br), ceil(K/bc)]
+    (or the kernel layout of both)."""
     _check_codes("blockquant_fp8_gemm w_codes", w_codes)
+    if kernel_layouts.fp8_is_kernel_layout(w_codes):
+        w_codes, w_scale = kernel_layouts.fp8_checkpoint_view(w_codes, w_scale, x.shape[-1], block_cols)
     xf = x.float()
     outs = [xf @ dequant_fp8_rows(w_codes, w_scale, block_rows, block_cols, r0, r1, int_codes).t()
             for r0, r1 in _row_tiles(w_codes.shape[0], block_rows)]
@@ -67,6 +73,8 @@ def blockquant_fp8_grouped_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale:
     """Per-group GEMM of a weight whose rows are G equal groups: x: [T, G, K]; w_codes: uint8 [G * R, K];
     y[t, g] = x[t, g] @ W[g * R:(g + 1) * R]^T -> [T, G, R] (the attention output's grouped low rank)."""
     _check_codes("blockquant_fp8_grouped_gemm w_codes", w_codes)
+    if kernel_layouts.fp8_is_kernel_layout(w_codes):
+        w_codes, w_scale = kernel_layouts.fp8_checkpoint_view(w_codes, w_scale, x.shape[-1], block_cols)
     groups, rows = x.shape[1], w_codes.shape[0] // x.shape[1]
     xf = x.float()
     outs = [torch.einsum("tk,rk->tr", xf[:, g],
@@ -79,10 +87,19 @@ def blockquant_fp8_grouped_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale:
 def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> torch.Tensor:
     """y = x @ W^T. x: [M, K]; w_packed: uint8 e2m1 pairs [N, K/2]; w_scale: uint8 ue8m0 [N, K/group]."""
     _check_codes("blockquant_fp4_gemm w_packed", w_packed)
+    if kernel_layouts.fp4_is_kernel_layout(w_packed, w_scale):
+        w_packed, w_scale = kernel_layouts.fp4_checkpoint_view(w_packed, w_scale)
     xf = x.float()
     outs = [xf @ quant.dequant_fp4(w_packed[r0:r1], w_scale[r0:r1], group).t()
             for r0, r1 in _row_tiles(w_packed.shape[0], 1)]
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).to(x.dtype)
+
+
+def _checkpoint_experts(w13, w13_scale, w2, w2_scale):
+    """Stacked expert weights as checkpoint-layout views (kernel-layout stacks read as the kernel does)."""
+    if not kernel_layouts.fp4_is_kernel_layout(w13, w13_scale):
+        return w13, w13_scale, w2, w2_scale
+    return (*kernel_layouts.fp4_checkpoint_view(w13, w13_scale), *kernel_layouts.fp4_checkpoint_view(w2, w2_scale))
 
 
 def _fp4_expert(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, e: int, group: int,
@@ -99,6 +116,7 @@ def fp4_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     counts reach the host). x: [T, D]; w13: uint8 [E, 2I, D/2] (gate rows first); w2: uint8 [E, D, I/2];
     scales uint8 ue8m0 [.., rows, cols / group]; idx / weights: [T, k]."""
     _check_codes("fp4_routed_experts w13", w13)
+    w13, w13_scale, w2, w2_scale = _checkpoint_experts(w13, w13_scale, w2, w2_scale)
     return looped_experts(x, idx, weights, w13.shape[0],
                           lambda e: _fp4_expert(w13, w13_scale, w2, w2_scale, e, group, x.dtype), limit)
 
@@ -110,6 +128,7 @@ def fp4_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     weighted by the [T, E] combine matrix, one expert dequantized at a time; no host sync, shapes
     depend only on (T, k, E). Same rounding points as the routed form."""
     _check_codes("fp4_static_experts w13", w13)
+    w13, w13_scale, w2, w2_scale = _checkpoint_experts(w13, w13_scale, w2, w2_scale)
     n_experts, inter = w13.shape[0], w2.shape[2] * 2
     comb = combine_weights(idx, weights, n_experts)                   # [T, E]
     out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
@@ -128,6 +147,7 @@ def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     weight (layers/moe.py `active_slot_sum`: a compacted id list of static length, a runtime count);
     same arguments, results and rounding points as `fp4_static_experts`."""
     _check_codes("fp4_active_experts w13", w13)
+    w13, w13_scale, w2, w2_scale = _checkpoint_experts(w13, w13_scale, w2, w2_scale)
     inter = w2.shape[2] * 2
     comb = combine_weights(idx, weights, w13.shape[0])
     ids, count = active_expert_slots(idx, weights, w13.shape[0])

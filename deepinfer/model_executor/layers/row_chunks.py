@@ -28,12 +28,13 @@ def row_chunks(rows: int, bytes_per_row: int, budget: int | None = None) -> list
     return [(s, min(rows, s + n)) for s in range(0, rows, n)]
 
 
-def scope_branch(in_scope: torch.Tensor, shared, own, args: tuple) -> tuple:
+def scope_branch(in_scope: torch.Tensor, shared, own, args: tuple, part: str = "") -> tuple:
     """shared(*args) when every row of a chunk belongs to the step's scope sequence (`in_scope`, [rows]
     bool), else own(*args): both give such rows the same result, the shared one reading the scope
     gathered once (forward_meta.CompressMeta.scope_idx), the own one each row's gathered entries.
     Traced into a graph it is a torch.cond (no host sync, both branches compiled); on meta (the
-    full-scale intermediates reports) both branches run, since the graph holds both."""
+    full-scale intermediates reports) both branches run, since the graph holds both. `part` names
+    the caller ("indexer", "attention") for tools that pick a branch (tools/scope_gathers.py)."""
     if torch.compiler.is_compiling():
         return torch.cond(in_scope.all(), shared, own, args)
     if in_scope.is_meta:

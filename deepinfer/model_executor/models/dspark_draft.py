@@ -140,26 +140,36 @@ class DraftBlock:
 
 def draft_step_inputs(rows: DraftBlock, layout: CacheLayout, noise_id: int) -> StepInputs:
     """Metadata of a draft block: R * B tokens, each attending to W ring rows + its block's B rows."""
-    r, b = len(rows.slots), rows.block
-    w, ring = layout.window, layout.swa_ring
-    slot = torch.tensor(rows.slots, dtype=torch.long)
-    a = torch.tensor(rows.last_pos, dtype=torch.long)
-    ids = torch.full((r, b), int(noise_id), dtype=torch.long)
-    ids[:, 0] = torch.tensor(rows.first_tokens, dtype=torch.long)
-    offs = torch.arange(b)
-    positions = (a[:, None] + 1 + offs[None, :]).reshape(-1)
-    main_pos = a[:, None] - (w - 1) + torch.arange(w)[None, :]              # [R, W]
-    main_rows = slot[:, None] * ring + torch.remainder(main_pos.clamp(min=0), ring)
-    block_rows = layout.num_slots * ring + torch.arange(r)[:, None] * b + offs[None, :]  # rows after the ring
-    idx = torch.cat([main_rows, block_rows], dim=1)
-    valid = torch.cat([main_pos >= 0, torch.ones(r, b, dtype=torch.bool)], dim=1)
-    empty = torch.zeros(0, dtype=torch.long)
+    r = len(rows.slots)
     real = torch.arange(r) < r - rows.placeholders
+    return draft_block_inputs(torch.tensor(rows.slots, dtype=torch.long), torch.tensor(rows.last_pos, dtype=torch.long),
+                              torch.tensor(rows.first_tokens, dtype=torch.long), rows.block, layout, noise_id,
+                              None if bool(real.all()) else real)
+
+
+def draft_block_inputs(slot: torch.Tensor, last_pos: torch.Tensor, first_tokens: torch.Tensor, block: int,
+                       layout: CacheLayout, noise_id: int, real: torch.Tensor | None = None) -> StepInputs:
+    """`draft_step_inputs` from int64 tensors [R] on any device: a block whose rows are known only on
+    the device (spec/greedy_step.py builds it from the acceptance it computes there). real: bool [R],
+    False for placeholder rows (None: every row is real)."""
+    r, b, dev = slot.shape[0], block, slot.device
+    w, ring = layout.window, layout.swa_ring
+    a = last_pos
+    ids = torch.full((r, b), int(noise_id), dtype=torch.long, device=dev)
+    ids[:, 0] = first_tokens
+    offs = torch.arange(b, device=dev)
+    positions = (a[:, None] + 1 + offs[None, :]).reshape(-1)
+    main_pos = a[:, None] - (w - 1) + torch.arange(w, device=dev)[None, :]              # [R, W]
+    main_rows = slot[:, None] * ring + torch.remainder(main_pos.clamp(min=0), ring)
+    block_rows = layout.num_slots * ring + torch.arange(r, device=dev)[:, None] * b + offs[None, :]  # after the ring
+    idx = torch.cat([main_rows, block_rows], dim=1)
+    valid = torch.cat([main_pos >= 0, torch.ones(r, b, dtype=torch.bool, device=dev)], dim=1)
+    empty = torch.zeros(0, dtype=torch.long, device=dev)
     return StepInputs(
-        input_ids=ids.reshape(-1), positions=positions, logits_indices=torch.arange(r * b),
+        input_ids=ids.reshape(-1), positions=positions, logits_indices=torch.arange(r * b, device=dev),
         swa_idx=idx.repeat_interleave(b, dim=0), swa_valid=valid.repeat_interleave(b, dim=0),
         swa_write_src=empty, swa_write_dst=empty,
-        token_valid=None if bool(real.all()) else real.repeat_interleave(b))
+        token_valid=None if real is None else real.repeat_interleave(b))
 
 
 def draft_forward(model, step: StepInputs, cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,19 +198,19 @@ def pad_draft_tokens(step: StepInputs, tokens: int, layout: CacheLayout) -> Step
     extra = tokens - t
     if extra <= 0:
         return step
-    width = step.swa_idx.shape[1]
-    own = layout.num_slots * layout.swa_ring + torch.arange(t, tokens)      # rows after the ring
-    valid = torch.zeros(extra, width, dtype=torch.bool)
+    width, dev = step.swa_idx.shape[1], step.input_ids.device   # a block built on the device pads there
+    own = layout.num_slots * layout.swa_ring + torch.arange(t, tokens, device=dev)      # rows after the ring
+    valid = torch.zeros(extra, width, dtype=torch.bool, device=dev)
     valid[:, 0] = True
-    real = torch.ones(t, dtype=torch.bool) if step.token_valid is None else step.token_valid
+    real = torch.ones(t, dtype=torch.bool, device=dev) if step.token_valid is None else step.token_valid
     cat = torch.cat
     return StepInputs(
-        input_ids=cat([step.input_ids, torch.zeros(extra, dtype=torch.long)]),
-        positions=cat([step.positions, torch.ones(extra, dtype=torch.long)]),
-        logits_indices=torch.arange(tokens),
+        input_ids=cat([step.input_ids, torch.zeros(extra, dtype=torch.long, device=dev)]),
+        positions=cat([step.positions, torch.ones(extra, dtype=torch.long, device=dev)]),
+        logits_indices=torch.arange(tokens, device=dev),
         swa_idx=cat([step.swa_idx, own[:, None].expand(extra, width)]), swa_valid=cat([step.swa_valid, valid]),
         swa_write_src=step.swa_write_src, swa_write_dst=step.swa_write_dst,
-        token_valid=cat([real, torch.zeros(extra, dtype=torch.bool)]))
+        token_valid=cat([real, torch.zeros(extra, dtype=torch.bool, device=dev)]))
 
 
 def greedy_drafts(model, hidden: torch.Tensor, base: torch.Tensor, first_tokens: torch.Tensor,

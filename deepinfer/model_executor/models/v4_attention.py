@@ -182,10 +182,8 @@ class Attention(nn.Module):
         # result unchanged)
         e = meta.vis_idx.shape[1]
         own_row = e * (d_i + n_i + 3) * 4
-        # decode: every row gathers its own keys. So does a traced graph for now: with the indexer's
-        # torch.cond in a whole-layer graph, Dynamo lost the layer's selection (io.topk_out) in compiled
-        # verification steps (tests/engine/test_cpu_compiled.py), a cause not yet found
-        if meta.scope_idx is None or torch.compiler.is_compiling():
+        # decode: every row gathers its own keys
+        if meta.scope_idx is None:
             parts = [self._index_rows(self._scores(q[a:b], w[a:b], self._own_keys(meta.vis_idx[a:b], io),
                                                    meta.vis_valid[a:b], ctx), meta, io, slice(a, b))
                      for a, b in row_chunks(t, own_row)]
@@ -227,10 +225,10 @@ class Attention(nn.Module):
             parts = [self._scores(q[a:b], w[a:b], fmt.decode(cache[vis_idx[a:b]], torch.float32), valid[a:b], ctx)
                      for a, b in row_chunks(q.shape[0], own_row)]
             return (parts[0] if len(parts) == 1 else torch.cat(parts),)
-        # the branches close over no LayerIO: Dynamo then kept none of its attribute writes after the
-        # cond (the layer's selection went missing in compiled verification steps)
+        # the branches return the scores and write nothing; the selection goes to io.topk_out after
+        # the cond (LayerIO has slots so that Dynamo keeps that write: models/v4_common.py)
         return scope_branch(meta.in_scope[rows], shared, own,
-                            (q, w, meta.vis_valid[rows], scope, meta.vis_idx[rows], io.index_keys))[0]
+                            (q, w, meta.vis_valid[rows], scope, meta.vis_idx[rows], io.index_keys), "indexer")[0]
 
     def _index_rows(self, scores, meta, io: LayerIO, rows: slice) -> tuple:
         """Top-k over some rows' scores: (selected entry columns [rows, k],) plus the candidate blocks
@@ -312,7 +310,7 @@ class Attention(nn.Module):
                     fmt = io.fmt.entries
                     entries = scope_branch(meta.in_scope[a:b], lambda scope, c, rows, cache: (scope[c],),
                                            lambda scope, c, rows, cache: (fmt.decode(cache[rows], q.dtype),),
-                                           (scope, c, rows, io.entries))[0]
+                                           (scope, c, rows, io.entries), "attention")[0]
             return self._attend_rows(q[a:b], full, step.swa_idx[a:b], entries, valid[a:b], io, ctx)
         # a row's gathered records [K, d], read in fp32 by the attention (row_chunks.py)
         per_row = valid.shape[1] * d * 6

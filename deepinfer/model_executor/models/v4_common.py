@@ -86,12 +86,19 @@ def rope_tables(model: nn.Module, step: StepInputs) -> tuple[dict, dict]:
     return rope, entry
 
 
-@dataclass
+@dataclass(slots=True)
 class LayerIO:
     """One layer's cache tensors and cross-layer inputs, resolved by the eager layer loop
     (`DecoderLayer.layer_io`), so layer code never indexes anything by its layer id and one compiled
     region serves every layer of a kind. Values a layer hands to later layers go to the `*_out`
-    fields and are stored back by `DecoderLayer.collect`."""
+    fields and are stored back by `DecoderLayer.collect`.
+
+    Slots, not an instance __dict__: a region graph writes `*_out` fields on both sides of a
+    torch.cond (row_chunks.scope_branch), and Dynamo (torch 2.13) tracks __dict__ writes through a
+    tracker that keeps the side-effect table of the object's first write, which the cond's branch
+    tracing replaces; later writes then went to the discarded table and were lost (a target layer's
+    `target_out` before the indexer's cond, its `topk_out` after). Slot writes go to the current
+    table (tests/unit/test_layer_io_cond.py)."""
     swa: torch.Tensor                           # SWA ring (written)
     fmt: "CacheFormats"                         # record formats of the stores (plain or compact)
     state: torch.Tensor | None = None           # own compressor state ring (read + written)

@@ -3,9 +3,10 @@ through torch-neuronx's NKI call (an `nki.jit` kernel launched on torch XLA tens
 `kernel[grid](*tensors)`, which torch-neuronx lowers to one custom call in the region graph).
 
 Imported lazily, only by `neuron_ops.kernel_routing.kernel(name, on_device=True)` when `available()`
-(what has run on which machine: docs/status.md). Two per-call costs on a device: the wrappers prepare
-the kernels' K-major layouts with torch ops (a load-time layout in the packed weights would remove
-them), and the fp8 wrapper's `codes <= 240` check reads the weight on the host."""
+(what has run on which machine: docs/status.md). The packed weights reach a device already in the
+layouts the kernels read, made once at load (model_executor/layers/kernel_layouts.py, with the fp8
+codes' trn2 range check), so a wrapper issues no weight relayout or host read of a weight per call;
+a checkpoint-layout weight is refused here (nki/ops.py `_on_device_needs_layout`)."""
 from __future__ import annotations
 
 import functools

@@ -1,6 +1,10 @@
 """Torch entry points of the NKI kernels, with their references' argument lists
-(deepinfer/neuron_ops/refs PLAIN): each converts its torch inputs to the layout the kernel reads,
-launches the kernel and returns a torch tensor in the reference's output dtype.
+(deepinfer/neuron_ops/refs PLAIN): each launches its kernel and returns a torch tensor in the
+reference's output dtype. Packed weights arrive in the layout the kernel reads, stored at load on the
+Neuron platform (model_executor/layers/kernel_layouts.py); the wrappers hand them to the kernel as
+they are and prepare only the activations (K padding, the fp4 kernels' even / odd columns) and cached
+0/1 constants. A weight in the checkpoint layout (tests, the cost model's calibration) is laid out
+per call instead; on a device that is refused.
 
 Where a launch runs (`_run`): in the NumPy interpreter when the real `nki` is absent; in NKI's own
 simulator where it is installed; on the NeuronCore through torch-neuronx inside `on_device()`
@@ -16,6 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from deepinfer.model_executor.layers import kernel_layouts
 from deepinfer.neuron_ops.nki import api, counts
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import K_ROWS as FP4_K_ROWS
 from deepinfer.neuron_ops.nki.kernels.blockquant_fp4_gemm import DESIGNS as FP4_DESIGNS
@@ -148,52 +153,87 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     return _torch(out).reshape(shape)
 
 
-# e4m3 codes whose exponent field is 15 are finite only in OCP e4m3fn (256..448); trn2's e4m3 reads
-# them as inf/NaN, so weights must be brought under 240 at load (docs/neuron.md section 4, A1).
-_E4M3_EXP_MASK = 0x78
 # Activation rows per launch: x^T tiles are the stationary operand (free size <= 128); a prompt step
 # with more rows runs in chunks.
 _ROWS_MAX = 128
 
 
+def _on_device_needs_layout(name: str) -> None:
+    if _ON_DEVICE:  # pragma: no cover - device only
+        raise ValueError(f"{name}: on a device the weight must be stored in the kernel layout at load "
+                         "(platforms/neuron/weight_layouts.py lay_out_model)")
+
+
 @wrapper("blockquant_fp8_gemm")
 def blockquant_fp8_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, block_rows: int,
                         block_cols: int, *, grid: int = 2, design: str = "auto") -> torch.Tensor:
-    """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp8_gemm); x: [M, K] with
-    M <= 128 (decode); the weight is re-laid K-major here, as the packed-weights load will store it.
-    design: "tensor" (fp8 codes into the matmul, scales folded into x), "seed" (Vector Engine
-    dequantization, then the matmul) or "auto" (tensor up to ROWS_TENSOR_DESIGN rows; see the
-    kernel's docstring for why)."""
+    """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp8_gemm); x: [M, K].
+    The weight in the kernel layout (layers/kernel_layouts.py fp8_linear: what the Neuron platform
+    stores at load, its codes checked against trn2's range there) goes to the tensor design as it is
+    stored, whatever M. In the checkpoint layout (uint8 [N, K] codes and exponents: tests, the cost
+    model's calibration) it is checked and laid out here, per call; design: "tensor" (fp8 codes into
+    the matmul, scales folded into x), "seed" (Vector Engine dequantization, then the matmul) or
+    "auto" (tensor up to ROWS_TENSOR_DESIGN rows; see the kernel's docstring for why)."""
     if design not in ("auto", "tensor", "seed"):
         raise ValueError(f"blockquant_fp8_gemm: design {design!r} is not auto, tensor or seed")
+    _fp8_check_block(block_rows, block_cols)
+    if kernel_layouts.fp8_is_kernel_layout(w_codes):
+        if design == "seed":
+            raise ValueError("blockquant_fp8_gemm: the seed design reads the checkpoint layout")
+        return _fp8_tensor(x, w_codes, w_scale, block_rows, grid, 0, kernel_layouts.fp8_columns(w_codes))
+    _on_device_needs_layout("blockquant_fp8_gemm")
     if w_codes.dtype != torch.uint8 or w_scale.dtype != torch.uint8:
         raise ValueError("blockquant_fp8_gemm: w_codes and w_scale must be uint8 bytes")
-    if N_TILE % block_rows or K_TILE % block_cols:
-        raise ValueError(f"blockquant_fp8_gemm kernel: block {block_rows}x{block_cols} must divide "
-                         f"{N_TILE}x{K_TILE}")
-    if bool(((w_codes & _E4M3_EXP_MASK) == _E4M3_EXP_MASK).any()):
-        raise ValueError("blockquant_fp8_gemm kernel: codes above 240 (e4m3fn only) do not exist in trn2 e4m3")
+    kernel_layouts.check_trn2_codes("blockquant_fp8_gemm kernel w_codes", w_codes)
     if x.shape[0] > _ROWS_MAX:
         return torch.cat([blockquant_fp8_gemm(x[r:r + _ROWS_MAX], w_codes, w_scale, block_rows, block_cols, grid=grid,
                                               design=design) for r in range(0, x.shape[0], _ROWS_MAX)])
+    if design == "seed" or (design == "auto" and x.shape[0] > ROWS_TENSOR_DESIGN):
+        return _fp8_seed(x, w_codes, w_scale, block_rows, block_cols, grid)
+    w_p, s_bk = kernel_layouts.fp8_linear(w_codes, w_scale, block_cols)
+    return _fp8_tensor(x, w_p, s_bk, block_rows, grid, 0, w_codes.shape[0])
+
+
+def _fp8_check_block(block_rows: int, block_cols: int) -> None:
+    if N_TILE % block_rows or K_TILE % block_cols:
+        raise ValueError(f"blockquant_fp8_gemm kernel: block {block_rows}x{block_cols} must divide "
+                         f"{N_TILE}x{K_TILE}")
+
+
+def _fp8_seed(x, w_codes, w_scale, block_rows, block_cols, grid):
+    """The seed design on a checkpoint-layout weight (x: at most _ROWS_MAX rows), laid out K-major
+    for it (per call)."""
     m, k = x.shape
     n = w_codes.shape[0]
     kp = -(-k // K_TILE) * K_TILE
-    x_p = torch.zeros(m, kp, dtype=x.dtype)
-    x_p[:, :k] = x
     w_kn = torch.zeros(kp, n, dtype=torch.uint8)
     w_kn[:k] = w_codes.t()
     s_kn = torch.full((kp, w_scale.shape[0]), 127, dtype=torch.uint8)
     s_kn[:k] = w_scale.t().repeat_interleave(block_cols, dim=0)[:k]
-    if design == "seed" or (design == "auto" and m > ROWS_TENSOR_DESIGN):
-        return _torch(_run(blockquant_fp8_gemm_seed_kernel, _grid(grid), x_p, w_kn, s_kn, int(block_rows)))
-    w_p = w_kn.reshape(kp // K_TILE, K_TILE, n).permute(1, 0, 2).contiguous()
-    # the scale values 2^(e - 127) as bf16 (the exponent byte is bf16's exponent field), K rows per block
-    s_bk = (s_kn.t().to(torch.int16) << 7).view(torch.bfloat16).contiguous()
-    return _torch(_run(blockquant_fp8_gemm_kernel, _grid(grid), x_p, w_p, s_bk, *_fp8_tensor_tiles(m, block_rows),
-                       int(block_rows)))
+    return _torch(_run(blockquant_fp8_gemm_seed_kernel, _grid(grid), _pad_k(x, kp), w_kn, s_kn, int(block_rows)))
 
 
+def _pad_k(x: torch.Tensor, kp: int) -> torch.Tensor:
+    """x [M, K] with zero columns up to kp (the activations; the weight is padded at load)."""
+    if x.shape[1] == kp:
+        return x.contiguous()
+    x_p = torch.zeros(x.shape[0], kp, dtype=x.dtype)
+    x_p[:, :x.shape[1]] = x
+    return x_p
+
+
+def _fp8_tensor(x, w_p, s_bk, block_rows, grid, col0, cols):
+    """The tensor design on kernel-layout (w_p, s_bk), columns [col0, col0 + cols): nothing here
+    touches the weight; it reaches the kernel as stored."""
+    if x.shape[0] > _ROWS_MAX:
+        return torch.cat([_fp8_tensor(x[r:r + _ROWS_MAX], w_p, s_bk, block_rows, grid, col0, cols)
+                          for r in range(0, x.shape[0], _ROWS_MAX)])
+    x_p = _pad_k(x, w_p.shape[1] * K_TILE)
+    return _torch(_run(blockquant_fp8_gemm_kernel, _grid(grid), x_p, w_p, s_bk,
+                       *_fp8_tensor_tiles(x.shape[0], int(block_rows)), int(block_rows), int(col0), int(cols)))
+
+
+@functools.lru_cache(maxsize=None)
 def _fp8_tensor_tiles(m: int, block_rows: int):
     """The tensor design's 0/1 tiles (bf16): mask [g*M, g*block_rows] keeps row block j against
     column block j; sel [g*M, M] sums the g row blocks of each activation row; rep_x [M, g*M] copies
@@ -212,58 +252,67 @@ def blockquant_fp8_grouped_gemm(x: torch.Tensor, w_codes: torch.Tensor, w_scale:
                                 block_cols: int, *, grid: int = 2) -> torch.Tensor:
     """Per-group GEMM (quant_gemm.blockquant_fp8_grouped_gemm): x [T, G, K], w_codes [G * R, K] ->
     [T, G, R]; one fp8 GEMM launch per group on that group's rows (R a multiple of block_rows, so a
-    group's scale rows are whole rows of w_scale)."""
-    groups, rows = x.shape[1], w_codes.shape[0] // x.shape[1]
+    group's scale rows are whole rows of w_scale); a kernel-layout weight is read in place, each
+    launch given its group's column window."""
+    groups = x.shape[1]
+    kernel_layout = kernel_layouts.fp8_is_kernel_layout(w_codes)
+    rows = (kernel_layouts.fp8_columns(w_codes) if kernel_layout else w_codes.shape[0]) // groups
     if rows % block_rows:
         raise ValueError(f"blockquant_fp8_grouped_gemm kernel: group rows {rows} must be a multiple of "
                          f"block_rows {block_rows}")
-    per = rows // block_rows
-    outs = [blockquant_fp8_gemm(x[:, g], w_codes[g * rows:(g + 1) * rows], w_scale[g * per:(g + 1) * per],
-                                block_rows, block_cols, grid=grid) for g in range(groups)]
+    if kernel_layout:   # each group's columns of the stored weight, no slice of it
+        _fp8_check_block(block_rows, block_cols)
+        outs = [_fp8_tensor(x[:, g], w_codes, w_scale, block_rows, grid, g * rows, rows) for g in range(groups)]
+    else:
+        per = rows // block_rows
+        outs = [blockquant_fp8_gemm(x[:, g], w_codes[g * rows:(g + 1) * rows], w_scale[g * per:(g + 1) * per],
+                                    block_rows, block_cols, grid=grid) for g in range(groups)]
     return torch.stack(outs, dim=1)
 
 
+@functools.lru_cache(maxsize=None)
 def _fp4_onehot(group: int, design: str = "words") -> torch.Tensor:
-    """[128 / (group/2), 128] bf16: row r is onehot_value(design) (1, or 2^6 for the word decode) on
-    the byte rows whose K elements scale row r covers, 0 elsewhere."""
-    per = group // 2
-    hit = torch.arange(FP4_K_ROWS)[None, :] // per == torch.arange(FP4_K_ROWS // per)[:, None]
-    return (hit.to(torch.float32) * fp4_onehot_value(design)).to(torch.bfloat16)
+    """[128, T, 128] bf16 (T = K tiles per 128 scale rows): [r, j, p] is onehot_value(design) (1, or
+    2^6 for the word decode) where byte row p of a chunk's j-th K tile is covered by scale row r."""
+    per = group // 2                      # byte rows per scale row
+    tiles = 128 // (FP4_K_ROWS // per)    # K tiles a chunk of 128 scale rows covers
+    r = torch.arange(128)[:, None, None]
+    row = torch.arange(tiles)[None, :, None] * FP4_K_ROWS + torch.arange(FP4_K_ROWS)[None, None, :]
+    return ((row // per == r).to(torch.float32) * fp4_onehot_value(design)).to(torch.bfloat16)
 
 
-def _fp4_scales(exps: torch.Tensor, design: str) -> torch.Tensor:
-    """The scale layout a design reads: the ue8m0 bytes, or (design "words") their values 2^(e - 127)
-    as bf16 (the byte is bf16's exponent field)."""
-    if design != "words":
-        return exps.contiguous()
-    return (exps.to(torch.int16) << 7).view(torch.bfloat16).contiguous()
-
-
-def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> None:
+def _fp4_check(name: str, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int) -> bool:
+    """Check the arguments; True when the weight is in the kernel layout (K-major)."""
     if w_packed.dtype != torch.uint8 or w_scale.dtype != torch.uint8:
         raise ValueError(f"{name}: packed codes and scales must be uint8 bytes")
+    kernel_layout = kernel_layouts.fp4_is_kernel_layout(w_packed, w_scale)
     if group % 2 or (2 * FP4_K_ROWS) % group:
         raise ValueError(f"{name} kernel: group {group} must be even and divide {2 * FP4_K_ROWS}")
+    if not kernel_layout:
+        _on_device_needs_layout(name)
+    return kernel_layout
 
 
 @wrapper("blockquant_fp4_gemm")
 def blockquant_fp4_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, group: int, *,
                         grid: int = 2, design: str = "words") -> torch.Tensor:
     """y = x @ W^T with the reference's arguments (quant_gemm.blockquant_fp4_gemm): x [M, K],
-    w_packed uint8 [N, K/2], w_scale uint8 [N, K/group]. The weight bytes are only transposed
-    (K-major, as a load would store them); x is split into its even and odd columns. design: e4m3
+    w_packed uint8 [N, K/2], w_scale uint8 [N, K/group], or the kernel layout the Neuron platform
+    stores at load (layers/kernel_layouts.py fp4_experts: [K/2, N] pairs, [K/g, N] exponents),
+    which reaches the kernel as stored; a checkpoint-layout weight is transposed here, per call. x is
+    split into its even and odd columns. design: e4m3
     codes by integer ops on 32-bit words ("words", kernels/fp4_word_decode.py), the float decode
     over three engines ("spread") or on the Vector Engine alone ("vector", the seed's way); all
     give the same weights (kernels/blockquant_fp4_gemm.py)."""
-    _fp4_check("blockquant_fp4_gemm", w_packed, w_scale, group)
+    kernel_layout = _fp4_check("blockquant_fp4_gemm", w_packed, w_scale, group)
     if design not in FP4_DESIGNS:
         raise ValueError(f"blockquant_fp4_gemm: design {design!r} is not one of {FP4_DESIGNS}")
     if x.shape[0] > FP4_ROWS_MAX:
         return torch.cat([blockquant_fp4_gemm(x[r:r + FP4_ROWS_MAX], w_packed, w_scale, group, grid=grid,
                                               design=design) for r in range(0, x.shape[0], FP4_ROWS_MAX)])
+    w_t, s_t = (w_packed, w_scale) if kernel_layout else (w_packed.t().contiguous(), w_scale.t().contiguous())
     out = _run(blockquant_fp4_gemm_kernel, _grid(grid), x[:, 0::2].contiguous(), x[:, 1::2].contiguous(),
-               w_packed.t().contiguous(), _fp4_scales(w_scale.t(), design), _fp4_onehot(group, design), int(group),
-               design)
+               w_t, s_t, _fp4_onehot(group, design), int(group), design)
     return _torch(out)
 
 
@@ -275,7 +324,8 @@ def fp4_static_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     expert, the w13 fp4 GEMM, SwiGLU and the w2 fp4 GEMM as NKI launches (outputs in x's dtype, as
     the reference rounds them), then the [T, E] combine weights applied in fp32 on the host."""
     from deepinfer.model_executor.layers.moe import combine_weights
-    n_experts, inter = w13.shape[0], w2.shape[2] * 2
+    kernel_layout = _fp4_check("fp4_static_experts", w13, w13_scale, group)
+    n_experts, inter = w13.shape[0], w2.shape[1 if kernel_layout else 2] * 2
     comb = combine_weights(idx, weights, n_experts)
     out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
     for e in range(n_experts):
@@ -295,16 +345,17 @@ def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     gate/up projection of every hit expert in one launch over them (kernels/fp4_active_experts.py),
     SwiGLU on the slots' rows, the down projection in a second launch, then the combine weights of
     the slots below the count applied in fp32 on the host in ascending expert order (the order the
-    all-experts wrapper adds in). The weight stacks are only re-laid K-major, as a load would store
-    them; the kernels' DMAs read the hit experts' tiles alone."""
+    all-experts wrapper adds in). The weight stacks reach the kernels as stored in the kernel layout
+    (K-major, layers/kernel_layouts.py; a checkpoint-layout stack is transposed here, per call); the
+    kernels' DMAs read the hit experts' tiles alone."""
     from deepinfer.model_executor.layers.moe import active_expert_slots, combine_weights
-    _fp4_check("fp4_active_experts", w13, w13_scale, group)
+    kernel_layout = _fp4_check("fp4_active_experts", w13, w13_scale, group)
     if x.shape[0] > FP4_ROWS_MAX:
         step = FP4_ROWS_MAX
         return torch.cat([fp4_active_experts(x[r:r + step], idx[r:r + step], weights[r:r + step],
                                              w13, w13_scale, w2, w2_scale, group, limit, grid=grid)
                           for r in range(0, x.shape[0], step)])
-    n_experts, inter, m = w13.shape[0], w2.shape[2] * 2, x.shape[0]
+    n_experts, inter, m = w13.shape[0], w2.shape[1 if kernel_layout else 2] * 2, x.shape[0]
     comb = combine_weights(idx, weights, n_experts)
     ids, count = active_expert_slots(idx, weights, n_experts)
     slots = ids.shape[0]
@@ -313,9 +364,9 @@ def fp4_active_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
     onehot = _fp4_onehot(group)
 
     def project(rows, w, s):   # rows [Sx, M, K] -> [S, M, N]
+        w_t, s_t = (w, s) if kernel_layout else (w.transpose(1, 2).contiguous(), s.transpose(1, 2).contiguous())
         return _torch(_run(fp4_active_experts_kernel, _grid(grid), rows[..., 0::2].contiguous(),
-                           rows[..., 1::2].contiguous(), w.transpose(1, 2).contiguous(),
-                           _fp4_scales(s.transpose(1, 2), "words"), onehot, ids_in, count_in, int(group)))
+                           rows[..., 1::2].contiguous(), w_t, s_t, onehot, ids_in, count_in, int(group)))
     gu = project(x[None], w13, w13_scale)                                         # [S, M, 2I]
     h = swiglu(gu[..., :inter].reshape(slots * m, inter).contiguous(),
                gu[..., inter:].reshape(slots * m, inter).contiguous(), limit).reshape(slots, m, inter)

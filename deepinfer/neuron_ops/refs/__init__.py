@@ -4,7 +4,9 @@ Each reference is registered as a `torch.library` custom op (namespace `deepinfe
 fake (shape-only) implementation, so a host-mode region graph holds one node per kernel, as a device
 graph holds one NKI call for a name with an NKI kernel, and tracing never runs the reference's math on
 fake tensors (tests/neuron/test_neuron_kernels.py checks every fake against the reference with
-opcheck). The fakes of the packed-weight kernels take their codes and scales as uint8 only and
+opcheck). The fakes of the packed-weight kernels take their codes as uint8 only and their scales as
+uint8 exponents (or, for the fp8 GEMMs, the bf16 scale values of the kernels' layout,
+layers/kernel_layouts.py), and
 reject a float8 carrier: fp8 / fp4 bytes cross a graph as uint8 and get their meaning inside the
 kernel (docs/neuron.md §4 A9, A11). Device mode traces the plain functions of `PLAIN` instead;
 the fp8 ones read e4m3 codes by integer arithmetic (`int_codes`, layers/quant_bits.py), so even
@@ -20,7 +22,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from deepinfer.model_executor.layers import attention, compressor, engram, hc, indexer, moe, norm, quant_gemm, rope
+from deepinfer.model_executor.layers import (attention, compressor, engram, hc, indexer, kernel_layouts, moe, norm,
+                                             quant_gemm, rope)
 
 _NS = "deepinfer_neuron"
 
@@ -35,15 +38,27 @@ def _f32(x: Tensor, *shape) -> Tensor:
     return x.new_empty(shape, dtype=torch.float32)
 
 
-def _bytes_at(fake, *positions: int):
-    """`fake`, first checking that its arguments at `positions` (codes, scales) are uint8."""
+def _bytes_at(fake, codes: tuple, scales: tuple = ()):
+    """`fake`, first checking that its arguments at `codes` are uint8 and at `scales` uint8 exponent
+    bytes or bf16 scale values (the fp8 kernel layout, layers/kernel_layouts.py)."""
     def checked(*args, **kwargs):
-        for i in positions:
-            if args[i].dtype != torch.uint8:
+        for i in (*codes, *scales):
+            ok = (torch.uint8, torch.bfloat16) if i in scales else (torch.uint8,)
+            if args[i].dtype not in ok:
                 raise ValueError(f"argument {i}: expected uint8 code / scale bytes, got {args[i].dtype} "
                                  "(fp8 / fp4 bytes enter a graph as uint8; docs/neuron.md §4 A11)")
         return fake(*args, **kwargs)
     return checked
+
+
+def _fp8_cols(w_codes: Tensor) -> int:
+    """N of an fp8 weight: [N, K] codes, or the kernel layout's [128, K tiles, N]."""
+    return w_codes.shape[-1] if w_codes.dim() == 3 else w_codes.shape[0]
+
+
+def _fp4_cols(w_packed: Tensor, w_scale: Tensor) -> int:
+    """N of an fp4 weight: [N, K/2] pairs, or the kernel layout's [K/2, N] (layers/kernel_layouts.py)."""
+    return w_packed.shape[1] if kernel_layouts.fp4_is_kernel_layout(w_packed, w_scale) else w_packed.shape[0]
 
 
 # Output shapes and dtypes of each reference (the `*_` arguments are not needed for the shape).
@@ -64,17 +79,17 @@ FAKES = {
     "engram_gate": lambda x, kv, q_weight, k_weight, eps: torch.empty_like(x),
     "swiglu": lambda gate, up, limit: torch.empty_like(gate),
     "blockquant_fp8_gemm": _bytes_at(lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
-        x.shape[0], w_codes.shape[0]), 1, 2),
+        x.shape[0], _fp8_cols(w_codes)), (1,), (2,)),
     "blockquant_fp8_grouped_gemm": _bytes_at(lambda x, w_codes, w_scale, block_rows, block_cols: x.new_empty(
-        x.shape[0], x.shape[1], w_codes.shape[0] // x.shape[1]), 1, 2),
+        x.shape[0], x.shape[1], _fp8_cols(w_codes) // x.shape[1]), (1,), (2,)),
     "blockquant_fp4_gemm": _bytes_at(lambda x, w_packed, w_scale, group: x.new_empty(
-        x.shape[0], w_packed.shape[0]), 1, 2),
+        x.shape[0], _fp4_cols(w_packed, w_scale)), (1, 2)),
     "fp4_static_experts": _bytes_at(lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit:
-                                    torch.empty_like(x), 3, 4, 5, 6),
+                                    torch.empty_like(x), (3, 4, 5, 6)),
     "fp4_active_experts": _bytes_at(lambda x, idx, weights, w13, w13_scale, w2, w2_scale, group, limit:
-                                    torch.empty_like(x), 3, 4, 5, 6),
+                                    torch.empty_like(x), (3, 4, 5, 6)),
     "fp8_table_rows": _bytes_at(lambda codes, scale, rows, group, dtype: codes.new_empty(
-        rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype), 0, 1),
+        rows.shape[0], rows.shape[1] * codes.shape[1], dtype=dtype), (0, 1)),
 }
 
 

@@ -7,8 +7,9 @@ BucketSpec (what warm-up walks), the regions of a bucket from the split policy (
 The model's top level adds, per bucket, an "entry" graph (its inputs' sizes depend on the tokens and
 the context) and an "exit" graph (tokens and the fixed logits rows only), and with speculative
 decoding a "draft" graph per row bucket (rows x B tokens padded to a power of two; a draft block's
-window attention reads no context table; the same graph serves host-sampled and argmax drafts);
-their `kind` is TOP_KIND.
+window attention reads no context table; the same graph serves host-sampled and argmax drafts),
+and a "verify_draft" graph per verification row bucket (a greedy step's acceptance over that bucket's
+exit logits rows, then the next draft block of its rows: spec/greedy_step.py); their `kind` is TOP_KIND.
 """
 from __future__ import annotations
 
@@ -101,6 +102,17 @@ def exit_logits_rows(bucket: Bucket, spec: BucketSpec) -> int:
     return min(bucket.num_tokens, max(spec.batch) * max(1, spec.verify_tokens))
 
 
+def greedy_spec_rows(bucket: Bucket, spec: BucketSpec, rows: int) -> int | None:
+    """The block rows of a greedy speculative step of `rows` sampling rows in `bucket`
+    (spec/greedy_step.py): the smallest verification row bucket that holds them, when `bucket` has
+    that row bucket's verification token count (the plan's `verify_draft` graph reads its exit's
+    logits rows); else None (the host verifies)."""
+    if spec.verify_tokens <= 1:
+        return None
+    r = next((b for b in spec.verify_batch if b >= rows), None)
+    return None if r is None or bucket.num_tokens != spec.verify_bucket_tokens(r) else r
+
+
 def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts: int = 0) -> CompilePlan:
     """Every region graph warm-up compiles for these buckets, layer kinds (one per decoder layer, in
     layer order), split policy and draft block length (0: no speculative decoding). Graphs are unique
@@ -124,6 +136,12 @@ def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts:
     for rows in spec.batch if drafts else ():
         t = draft_block_tokens(rows, drafts)
         seen.setdefault(("draft", TOP_KIND, t), PlannedGraph("draft", TOP_KIND, "draft", t, 0))
+    # a greedy verification step's acceptance and next draft block (spec/greedy_step.py): one graph a
+    # verification row bucket, over its exit's logits rows and the block of its rows
+    for rows in spec.verify_batch if drafts and spec.verify_tokens > 1 else ():
+        t = spec.verify_bucket_tokens(rows)
+        seen.setdefault(("verify_draft", TOP_KIND, t, rows),
+                        PlannedGraph("verify_draft", TOP_KIND, "draft", draft_block_tokens(rows, drafts), 0))
     return CompilePlan(tuple(seen.values()), tuple(kinds), tuple(per_kind[k] for k in range(len(kinds))), split,
                        spec)
 

@@ -89,9 +89,9 @@ RULES: tuple[Rule, ...] = (
          'no large per-row gathers: a prompt chunk gathers what its last row sees once (the shared scope) '
          'and masks per row; rows of other sequences in its step gather their own, in bounded row chunks; '
          'the largest intermediate of any graph at most 256 MiB (measured: the device report, '
-         'graphs[].max_intermediate_bytes); eager prompt chunks follow it '
-         '(tests/engine/test_shared_scope.py), compiled graphs not yet in the indexer (docs/neuron.md §4 B7)',
-         None),
+         'graphs[].max_intermediate_bytes); eager and compiled prompt chunks alike, the indexer and the '
+         'attention',
+         'tests/engine/test_shared_scope.py::test_compiled_indexer_reads_the_scope_with_the_eager_selections'),
     Rule('B8',
          'few buckets, the graph count logged before anything compiles (at most 64 for the default '
          'V4.1-Flash config), a persistent compile cache',
@@ -107,8 +107,9 @@ RULES: tuple[Rule, ...] = (
          None),
     Rule('C4',
          'few launches a step: one region a layer, the top level and the draft block compiled, at most 10 '
-         'eager ops a decode step (the report: decode_step.eager_ops) and a speculative step whose rows '
-         'draft by argmax (the heads in the draft region; speculative_step.eager_ops)',
+         'eager ops a decode step (the report: decode_step.eager_ops) and a speculative step of greedy rows '
+         '(acceptance and the draft block with its heads in the verify_draft region; '
+         'speculative_step.eager_ops)',
          'tests/neuron/test_op_census.py::test_decode_steps_run_few_eager_ops_and_one_copy_each_way'),
     Rule('C5',
          'prompt-chunk steps split at stage boundaries, decode and verification steps whole',
@@ -133,7 +134,9 @@ RULES: tuple[Rule, ...] = (
          None),
     Rule('D3',
          'at most one host->device and one device->host copy a decode step (step inputs packed into one '
-         'buffer, logits back once)',
+         'buffer, logits back once) and a speculative step of greedy rows (the plan rows in the same buffer; '
+         'tokens, accepted counts and next drafts back once: report speculative_step, '
+         'tests/neuron/test_spec_one_copy.py)',
          'report:decode_step.host_to_device_copies'),
     Rule('D4',
          'dequantization in chunks of at most 32M elements, one expert at a time',

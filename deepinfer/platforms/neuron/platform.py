@@ -146,6 +146,13 @@ class NeuronPlatform(Platform):
         from deepinfer.neuron_ops.fp8 import rescale_weight_for_trn2
         return rescale_weight_for_trn2(codes, scale)
 
+    def kernel_weight_layouts(self, model) -> None:
+        """The NKI kernels' layouts (model_executor/layers/kernel_layouts.py): fp8 linears partition-major
+        with bf16 scale values, fp4 expert stacks K-major; every fp8 code checked against trn2's e4m3
+        range here, once, not per call. Host mode too, so its references read what a device reads."""
+        from deepinfer.platforms.neuron.weight_layouts import lay_out_model
+        lay_out_model(model)
+
     def kernel(self, name: str):
         from deepinfer.neuron_ops import kernel_routing
         return kernel_routing.kernel(name, on_device=not self.is_host_mode, simulate=self.simulate_kernels)

@@ -78,6 +78,16 @@ class RunnerStrategy:
         the host samples the drafts (ModelRunner.draft_heads)."""
         return False
 
+    @property
+    def greedy_spec_on_device(self) -> bool:
+        """Whether `greedy_spec_step` can run a greedy speculative step as one device program."""
+        return False
+
+    def greedy_spec_step(self, chunks: list[SeqChunk], plan, cache):
+        """A greedy speculative step run as one device program (spec/greedy_step.py GreedySpecOutput),
+        or None: here the host verifies and the draft block is a second program (spec/decoder.py)."""
+        return None
+
     def warm_up(self, cache) -> int:
         """Build every bucket's graph now, from placeholder rows (scratch slot / block only); returns
         the number of graphs this strategy holds. The eager strategy has none."""

@@ -30,7 +30,8 @@ from deepinfer.model_executor.models.dspark_draft import (DraftBlock, draft_forw
 from deepinfer.model_executor.models.v4_common import StepContext
 from deepinfer.model_executor.static_step import Bucket, BucketSpec, draft_block_tokens
 from deepinfer.platforms.neuron import compile_cache
-from deepinfer.platforms.neuron.compile_plan import exit_logits_rows, step_class
+from deepinfer.platforms.neuron.compile_plan import exit_logits_rows, greedy_spec_rows, step_class
+from deepinfer.spec.greedy_step import GreedySpecOutput, GreedySpecPlan, verify_and_draft
 from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,12 @@ def _draft(model, buf, layout, cache, rows: int, depth: int):
     first = step.input_ids[:n].view(rows, depth)[:, 0]
     drafts, conf = greedy_drafts(model, hidden, base, first, depth)
     return torch.cat([hidden.float(), base], dim=1), torch.cat([drafts.float(), conf], dim=1)
+
+
+def _verify_draft(model, logits, meta, cache, layout, noise_id: int, block_tokens: int):
+    """A greedy speculative step's acceptance and next draft block as one region (spec/greedy_step.py
+    verify_and_draft): the verification logits never leave the device, one fp32 tensor comes back."""
+    return verify_and_draft(model, logits, meta, cache, layout, noise_id, block_tokens)
 
 
 class NeuronRegionStrategy(RunnerStrategy):
@@ -265,6 +272,75 @@ class NeuronRegionStrategy(RunnerStrategy):
             out = out.cpu()   # host work from here: the copy back is the only device op
         return out[:, :b].long(), out[:, b:]
 
+    # -- greedy speculative steps on the device (spec/greedy_step.py) ----------------------------
+    @property
+    def greedy_spec_on_device(self) -> bool:
+        return self.regions is not None and self.drafts > 0
+
+    @torch.inference_mode()
+    def greedy_spec_step(self, chunks: list[SeqChunk], plan, cache) -> GreedySpecOutput | None:
+        """A verification step whose sampling rows are all greedy (spec/decoder.py decides), run as one
+        device program: the forward's regions, then the `verify_draft` region (acceptance and the next
+        draft block); one copy in (the step's buffer with the plan's rows) and one out. None where the
+        step is not in a verification bucket with a compiled exit (a planned `verify_draft` graph):
+        the decoder then verifies on the host."""
+        if not self.greedy_spec_on_device:
+            return None
+        bucket = self.select_bucket(chunks)
+        rows = None if bucket is None else greedy_spec_rows(bucket, self.buckets, len(plan))
+        if rows is None:
+            return None
+        step, bucket = self.prepare_host(chunks)
+        if step.logits_indices.numel() != exit_logits_rows(bucket, self.buckets):
+            return None
+        return GreedySpecOutput.parse(self._run_greedy_spec(step, bucket, plan, rows, cache), len(plan), self.drafts)
+
+    def _run_greedy_spec(self, step: StepInputs, bucket: Bucket, plan, rows: int, cache) -> torch.Tensor:
+        step = host_inputs(self.model, step)
+        if self.census is not None:
+            self.census.open_step(f"verify_draft {bucket.num_tokens}x{bucket.context}")
+            self.census.phase("step")
+        # one buffer: the step's metadata, then the plan's rows (views of it go to the two graphs)
+        buf, layout = step_pack.pack(step)
+        meta = plan.meta(rows)
+        both = torch.cat([buf, meta.reshape(-1)]).to(self.platform.device, non_blocking=True)
+        self._copied(1)
+        packed = PackedStep(both[:buf.numel()], layout, True)
+        return self._forward_greedy_spec(packed, both[buf.numel():].view(meta.shape), cache, bucket, rows)
+
+    def greedy_spec_buckets(self) -> list[tuple[Bucket, int]]:
+        """(verification bucket, block rows) of every planned `verify_draft` graph, at the largest context
+        (its graph does not depend on the context: it reads the exit's logits and the window rings)."""
+        if not self.drafts or not hasattr(self.model, "mtp"):
+            return []
+        ctx = max(self.buckets.context_ladder())
+        return [(self.buckets._verify_bucket([], rows, ctx), rows) for rows in self.buckets.verify_batch]
+
+    def greedy_spec_placeholders(self, bucket: Bucket, rows: int, cache) -> torch.Tensor:
+        """A placeholder-only greedy speculative step (warm-up, the device report): the verification
+        bucket's forward and its `verify_draft` region, scratch slot only."""
+        step = self.buckets.static_step([], bucket, self.layout, logits_rows=exit_logits_rows(bucket, self.buckets))
+        plan = GreedySpecPlan([], [], [], [], [], self.drafts)
+        return self._run_greedy_spec(step, bucket, plan, rows, cache)
+
+    @torch.inference_mode()   # as `forward`: the regions' graphs are traced under inference mode
+    def _forward_greedy_spec(self, packed: PackedStep, meta, cache, bucket: Bucket, rows: int) -> torch.Tensor:
+        noise = int(self.model.cfg.dspark_noise_token_id)
+        with self._counting():
+            logits = self._compiled_forward(packed, cache, self._hook(self._layer_hook(bucket)))
+            if self.census is not None:
+                self.census.phase("draft")
+            out = self._region("verify_draft", _verify_draft, self.model, logits, meta, cache, self.layout, noise,
+                               self.draft_tokens(rows))
+            self._returned(1)
+        return out if out.device.type in ("cpu", "meta") else out.cpu()   # meta: the device report
+
+    def _layer_hook(self, bucket: Bucket):
+        """The region runner's per-layer hook of a bucketed step (regions.RegionRunner.hook)."""
+        self.buckets_seen.add((bucket.num_tokens, bucket.context))
+        prompt = step_class(bucket, self.buckets) == "prefill"
+        return None if self.regions is None else self.regions.hook(bucket.num_seqs, bucket.num_tokens, prompt)
+
     @torch.inference_mode()
     def warm_up(self, cache) -> int:
         """Compile every (bucket, layer kind) region graph from placeholder-only steps. Under inference
@@ -283,6 +359,8 @@ class NeuronRegionStrategy(RunnerStrategy):
             for rows in self.buckets.batch:
                 block = DraftBlock([], [], [], self.drafts).padded(rows)
                 self.forward_draft(self.draft_to_device(draft_step_inputs(block, self.layout, noise)), cache)
+            for bucket, rows in self.greedy_spec_buckets():
+                self.greedy_spec_placeholders(bucket, rows, cache)
         self._log_warm_up(self.num_graphs - before, time.perf_counter() - t0, cache_dir, neffs)
         return self.num_graphs
 
@@ -315,9 +393,7 @@ class NeuronRegionStrategy(RunnerStrategy):
                 logger.warning("a step fits no Neuron bucket (%s); running it eagerly", self.buckets)
             run_layer = None
         else:
-            self.buckets_seen.add((bucket.num_tokens, bucket.context))
-            prompt = step_class(bucket, self.buckets) == "prefill"
-            run_layer = None if self.regions is None else self.regions.hook(bucket.num_seqs, bucket.num_tokens, prompt)
+            run_layer = self._layer_hook(bucket)
         graphs_before, t0 = self.num_graphs, time.perf_counter()
         with self._counting():
             if isinstance(step, PackedStep):

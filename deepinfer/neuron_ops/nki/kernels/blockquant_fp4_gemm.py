@@ -17,15 +17,19 @@ Layout the kernel reads (prepared by ops.blockquant_fp4_gemm; the weight bytes a
 transposed K-major):
   x_lo, x_hi [M, K/2]  the even / odd K columns of x (byte row j of W pairs x[:, 2j] and x[:, 2j+1])
   w_t        [K/2, N]  uint8 nibble pairs, packed K on partitions
-  s_t        [K/g, N]  uint8 ue8m0 exponents, row r = the scales of K elements [r*g, (r+1)*g); for
-                       design "words" the scale values 2^(e - 127) as bf16 instead (what a load is to
-                       store: 2 bytes per 32 weights, which saves a Vector Engine shift per tile)
-  onehot     [128/(g/2), 128] bf16 one-hot rows: onehot[r, p] = 1 where byte row p is in scale row r
+  s_t        [K/g, N]  uint8 ue8m0 exponents, row r = the scales of K elements [r*g, (r+1)*g)
+  (w_t and s_t are what the Neuron platform stores at load, model_executor/layers/kernel_layouts.py:
+  the checkpoint's bytes, transposed, 1.00x their bytes)
+  onehot     [128, T, 128] bf16: onehot[r, j, p] = onehot_value(design) where byte row p of the j-th
+             K tile of a chunk is in scale row r of the chunk (T = 128 / (256/g) K tiles a chunk)
+The scales of 128 scale rows (T K tiles) are loaded in one DMA per N tile and turned into bf16
+values by one shift (the exponent byte is bf16's exponent field); each K tile's matmul against its
+one-hot slice picks its rows out of the chunk (the zero rows add nothing).
 Nibbles map to values without a table: for the magnitude code c in 0..7, e2m1 is
 0.5*c + 0.5*relu(c - 4) + relu(c - 6) (0, .5, 1, 1.5, 2, 3, 4, 6), times -1 when bit 3 is set: small
 integers and halves, exact in any float format. The scales vary along K (partitions) in steps of g/2
 byte rows; the Tensor Engine spreads them onto the partitions (onehot^T @ scales, exact for powers of
-two) instead of the host storing one scale byte per weight byte.
+two) instead of the host storing one scale byte per weight byte, or a scale value per 32 weights.
 Tiling: x^T tiles [<=128, <=128 rows] stationary (two per K tile: even and odd columns; up to
 ROWS_MAX rows a launch in chunks of 128, each decoded weight tile used by every chunk), decoded
 weight tiles [<=128, <=512] moving, fp32 PSUM accumulation over K, grid 2 splits N (LNC 2)."""
@@ -33,6 +37,7 @@ from deepinfer.neuron_ops.nki.api import nisa, nki, nl
 from deepinfer.neuron_ops.nki.kernels.fp4_word_decode import NIBBLE_SCALE, decode_words
 
 K_ROWS = 128   # packed byte rows (= 256 K elements) per K tile
+PARTITIONS = 128
 N_TILE = 512   # moving free size per matmul (one PSUM bank of fp32)
 
 
@@ -119,18 +124,21 @@ def fp4_tile_matmul(chunks, w_t, s_t, onehot, group, n0, nt, dtype, design="word
     Vector Engine alone, the seed's way)."""
     kb = w_t.shape[0]
     rows_per_scale = group // 2
+    tiles_per_chunk = onehot.shape[1]   # K tiles whose scale rows share one 128-partition chunk
     accs = [nl.zeros((r1 - r0, nt), dtype=nl.float32, buffer=nl.psum) for r0, r1, _, _ in chunks]
     for kt in nl.static_range(len(chunks[0][2])):
         k0 = kt * K_ROWS
         kr = min(K_ROWS, kb - k0)
-        s0 = k0 // rows_per_scale
-        sr = -(-kr // rows_per_scale)
         packed = nl.load(w_t[k0:k0 + kr, n0:n0 + nt])
-        scales = nl.load(s_t[s0:s0 + sr, n0:n0 + nt])
-        if scales.dtype != nl.bfloat16:
+        j = kt % tiles_per_chunk
+        if j == 0:   # the next chunk of scale rows: one DMA, one shift into bf16 values
+            c0 = kt * K_ROWS // rows_per_scale
+            c1 = min(s_t.shape[0], c0 + PARTITIONS)
+            exps = nl.load(s_t[c0:c1, n0:n0 + nt])
             # ue8m0 byte e is the bf16 exponent field of 2^(e - 127): bits e << 7
-            scales = nisa.tensor_scalar(scales, nl.left_shift, 7, dtype=nl.uint16).view(nl.bfloat16)
-        scale_rows = nisa.nc_matmul(onehot[0:sr, 0:kr], scales)          # PSUM [kr, nt]: row p = its scale
+            scales = nisa.tensor_scalar(exps, nl.left_shift, 7, dtype=nl.uint16).view(nl.bfloat16)
+        rows = scales.shape[0]
+        scale_rows = nisa.nc_matmul(onehot[0:rows, j, 0:kr], scales)     # PSUM [kr, nt]: row p = its scale
         if design == "words":
             w_lo, w_hi = decode_words(packed, scale_rows, dtype)
         elif design == "spread":

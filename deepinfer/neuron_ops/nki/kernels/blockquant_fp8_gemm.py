@@ -19,20 +19,23 @@ exponent bytes per block_rows x block_cols block. Two designs:
   a program's columns. DMAs are few and large (a DMA instruction costs 600 ns of descriptor
   generation whatever its size): x once, per group the codes of every K tile in one DMA and the
   group's scale rows in one.
-- `blockquant_fp8_gemm_seed_kernel` (M > ROWS_TENSOR_DESIGN, and the calibration of the cost
-  model against the seed's measurement): each weight tile is dequantized on the Vector Engine into
+- `blockquant_fp8_gemm_seed_kernel` (a checkpoint-layout weight at M > ROWS_TENSOR_DESIGN, and
+  the calibration of the cost model against the seed's measurement; the load-time layout runs the
+  tensor design at every M, which the cost model puts ahead at 128 rows too, docs/neuron.md §3.6): each weight tile is dequantized on the Vector Engine into
   x's dtype and is the moving operand, x^T the stationary one (scaled-x work grows with M; the
   dequantization does not).
 
-Layout the kernels read (prepared on the host; see ops.blockquant_fp8_gemm):
-  x    [M, Kp]   activations, Kp = K padded to a multiple of 128 with zeros
-  seed design:
+Layout the kernels read (see ops.blockquant_fp8_gemm):
+  x    [M, Kp]   activations, Kp = K padded to a multiple of 128 with zeros (per call: activations)
+  seed design (laid out per call from the checkpoint layout: tests and the cost model's calibration):
   w_kn [Kp, N]   uint8 e4m3 codes, K on partitions (the moving operand's layout)
   s_kn [Kp, NB]  uint8 ue8m0 exponents, row k = the scales of W's column k (NB = ceil(N / block_rows))
-  tensor design (what a packed-weights load is to store for it):
+  tensor design (what the Neuron platform stores at load, model_executor/layers/kernel_layouts.py):
   w_p  [128, Kp/128, N] uint8 e4m3 codes, partition-major: w_p[p, t, n] = W[n, 128 t + p]
   s_bk [NB, Kp]  bf16 scale values 2^(e - 127), each block's K rows (2 bytes per 32 weights of a row
                  block, 1/16 of the code bytes)
+  col0, cols     the columns [col0, col0 + cols) of w_p this launch computes (block aligned; cols 0:
+                 all), so a grouped GEMM's row groups read the stored weight, not a copy of a slice
   mask [g*M, g*block_rows] bf16: 1 where row block == column block
   sel  [g*M, M]            bf16: 1 where the row's m == the column
   rep_x [M, g*M]           bf16: 1 where the column's m == the row (spreads x rows)
@@ -108,9 +111,11 @@ def _scaled_x(xr, scales, rep_s, gb, m, dtype):
 
 
 @nki.jit
-def blockquant_fp8_gemm_kernel(x_in, w_p, s_bk, mask_in, sel_in, rep_x_in, rep_s_in, block_rows):
+def blockquant_fp8_gemm_kernel(x_in, w_p, s_bk, mask_in, sel_in, rep_x_in, rep_s_in, block_rows, col0=0, cols=0):
     m, kp = x_in.shape
-    kts, n = w_p.shape[1], w_p.shape[2]
+    kts = w_p.shape[1]
+    n = cols or w_p.shape[2]           # the weight's columns [col0, col0 + n) (a row group of it)
+    b_col0 = col0 // block_rows        # col0 is on a block boundary
     out = nl.ndarray((m, n), dtype=x_in.dtype, buffer=nl.shared_hbm)
     n_lo, n_hi = _program_share(n, block_rows)
     g = group_blocks(m, block_rows)
@@ -125,8 +130,8 @@ def blockquant_fp8_gemm_kernel(x_in, w_p, s_bk, mask_in, sel_in, rep_x_in, rep_s
         gb = min(g, b_hi - b0)
         n0 = b0 * block_rows
         nt = min(gb * block_rows, n_hi - n0)
-        scales = nl.load(s_bk[b0:b0 + gb, :])                # [gb, Kp] bf16 scale values: one DMA
-        codes = nl.load(w_p[:, :, n0:n0 + nt])               # [128, K tiles, nt]: one DMA
+        scales = nl.load(s_bk[b_col0 + b0:b_col0 + b0 + gb, :])   # [gb, Kp] bf16 scale values: one DMA
+        codes = nl.load(w_p[:, :, col0 + n0:col0 + n0 + nt])       # [128, K tiles, nt]: one DMA
         xs = _scaled_x(xr, scales, rep_s, gb, m, x_in.dtype)
         acc = nl.zeros((gb * m, nt), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.static_range(kts):

@@ -1,0 +1,107 @@
+"""The device's greedy acceptance (spec/greedy_step.py greedy_accept) against the host's (spec/verify.py
+verify, the sampler's greedy rows) on logits with exact ties and ties by one ulp: the same tokens and
+accepted counts, ties to the lowest id in both, and the plan's rows read back in chunk order."""
+import torch
+
+from deepinfer.model_executor.forward_meta import SeqChunk
+from deepinfer.sampling_params import SamplingParams
+from deepinfer.spec.greedy_step import GreedySpecOutput, GreedySpecPlan, greedy_accept
+from deepinfer.spec.verify import NO_TOKEN, VerifyBatch, verify
+
+V = 300   # more than two of first_argmax's 128-value blocks, and a tail block
+
+
+def _near_tie_logits(r: int, depth: int, seed: int) -> torch.Tensor:
+    """[R, depth, V]: each row's maximum shared with another id (exact tie), or beaten by one ulp, in
+    the same or another 128-value block, the tail block included."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(r, depth, V, generator=g)
+    for i in range(r):
+        for j in range(depth):
+            a, b = sorted(torch.randperm(V, generator=g)[:2].tolist())
+            top = float(x[i, j].max()) + 1.0
+            x[i, j, a] = top
+            kind = (i + j) % 3
+            if kind == 0:
+                x[i, j, b] = top                                     # exact tie: the lower id a wins
+            elif kind == 1:
+                x[i, j, b] = torch.nextafter(torch.tensor(top), torch.tensor(float("inf")))  # b by one ulp
+            else:
+                x[i, j, b] = torch.nextafter(torch.tensor(top), torch.tensor(float("-inf")))  # a by one ulp
+    return x
+
+
+def _drafts(logits: torch.Tensor, seed: int) -> torch.Tensor:
+    """Drafts that are the argmax, the tie's other id, another token, or none, per depth."""
+    g = torch.Generator().manual_seed(seed)
+    r, depth, _ = logits.shape
+    top = logits.argmax(dim=-1)
+    d = torch.empty(r, depth - 1, dtype=torch.long)
+    for i in range(r):
+        for j in range(depth - 1):
+            u = float(torch.rand(1, generator=g))
+            if u < 0.6:
+                d[i, j] = top[i, j]
+            elif u < 0.8:   # the other id of the row's top two (the loser of the tie)
+                d[i, j] = logits[i, j].topk(2).indices[1]
+            elif u < 0.9:
+                d[i, j] = (top[i, j] + 1) % V
+            else:
+                d[i, j] = NO_TOKEN
+    for i in range(r):   # a row without a draft at some depth has none after it either
+        none = (d[i] == NO_TOKEN).nonzero()
+        if none.numel():
+            d[i, int(none[0]):] = NO_TOKEN
+    return d
+
+
+def test_device_acceptance_equals_the_host_verification_on_near_ties():
+    for b in (1, 3, 5):
+        r = 16
+        logits = _near_tie_logits(r, b + 1, seed=b)
+        drafts = _drafts(logits, seed=100 + b)
+        batch = VerifyBatch.build([SamplingParams(temperature=0.0)] * r, list(range(10, 10 + r)), b)
+        host = verify(logits, drafts, None, batch)
+        # the device reads the step's logits rows [R * (1 + B), V] through the plan's row indices
+        flat = logits.reshape(r * (b + 1), V)
+        idx = torch.arange(r * (b + 1)).view(r, b + 1)
+        tokens, acc = greedy_accept(flat, idx, drafts)
+        assert torch.equal(acc, host.num_accepted), (b, acc, host.num_accepted)
+        keep = torch.arange(b + 1)[None, :] <= acc[:, None]
+        assert torch.equal(tokens.masked_fill(~keep, NO_TOKEN), host.token_ids)
+        assert bool((acc > 0).any()) and bool((acc < b).any())   # both accepted runs and rejections
+        # exact ties go to the lower id (torch.argmax's rule, which the sampler's first_argmax keeps)
+        assert torch.equal(tokens, logits.argmax(dim=-1))
+
+
+class _Seq:
+    def __init__(self, slot, length):
+        self.state_slot, self._len = slot, length
+
+    def __len__(self):
+        return self._len
+
+
+class _Sched:
+    def __init__(self, seq, drafts, do_sample=True):
+        self.seq, self.draft_token_ids, self.do_sample = seq, drafts, do_sample
+
+
+def test_plan_rows_name_each_rows_verification_logits_and_parse_back():
+    b = 3
+    # a prompt chunk that does not sample (no logits rows), a row with 2 drafts, one with none
+    scheduled = [_Sched(_Seq(1, 40), [], do_sample=False), _Sched(_Seq(2, 12), [7, 8]), _Sched(_Seq(3, 30), [])]
+    chunks = [SeqChunk(slot=1, ctx_len=0, num_new=16, block_table=[1], token_ids=[0] * 40, num_logits=0),
+              SeqChunk(slot=2, ctx_len=11, num_new=3, block_table=[2], token_ids=[0] * 14, num_logits=3),
+              SeqChunk(slot=3, ctx_len=29, num_new=1, block_table=[3], token_ids=[0] * 30, num_logits=1)]
+    plan = GreedySpecPlan.build(scheduled, chunks, b)
+    assert plan.index == [1, 2] and plan.first == [0, 3] and plan.x0_pos == [11, 29]
+    m = plan.meta(4)
+    assert m[0].tolist() == [0, 1, 2, 2, 7, 8, NO_TOKEN, 2, 11, 1]
+    assert m[1].tolist() == [3, 3, 3, 3, NO_TOKEN, NO_TOKEN, NO_TOKEN, 3, 29, 1]
+    assert m[2:, -1].tolist() == [0, 0] and m[2:, 1 + b:1 + 2 * b].eq(NO_TOKEN).all()
+    out = torch.tensor([[7, 8, 5, 9, 2, 11, 12, 13, .5, .25, .125],
+                        [4, 0, 0, 0, 0, 21, 22, 23, .9, .8, .7]])
+    got = GreedySpecOutput.parse(torch.cat([out, torch.zeros(2, 11)]), 2, b)
+    assert got.tokens == [[7, 8, 5], [4]] and got.accepted == [2, 0]
+    assert got.drafts == [[11, 12, 13], [21, 22, 23]] and got.confidences[0] == [.5, .25, .125]
