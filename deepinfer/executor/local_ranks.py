@@ -55,6 +55,7 @@ RENDEZVOUS_TIMEOUT_S = 600.0   # every rank's device selected and the process gr
 RING_SLOTS = 4
 _POLL_S = 0.1
 _STOP_WAIT_S = 10.0
+_WATCH_STORE_TIMEOUT_S = 10.0   # the watchdog's store connect
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 KEY_STOP = "deepinfer/stop"   # set by the driver's watchdog on a failure: every other host stops its ranks
 
@@ -213,7 +214,8 @@ class LocalRanks:
         """The watchdog's own store client (a client is not shared across threads): what a follower
         that exited left there names the failure. None when it cannot connect."""
         try:
-            return launch.open_store(self.config.master_addr, self.config.master_port, False, 10.0)
+            return launch.open_store(self.config.master_addr, self.config.master_port, False,
+                                     _WATCH_STORE_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - the store is gone: the followers' exits still count
             logger.exception("the rank watchdog could not connect to the store")
             return None
@@ -380,6 +382,7 @@ class LocalRanks:
         self._release()
 
     def _release(self) -> None:
+        self._join_watchdog()
         launch.destroy_process_group()
         if self.ring is not None:
             self.ring.close()
@@ -387,6 +390,17 @@ class LocalRanks:
             self._host_links.close()
         if self._link is not None:
             self._link.close()
+
+    def _join_watchdog(self) -> None:
+        """Wait for the watchdog to return (it does once closing and every follower reaped): a daemon
+        thread still inside the store client's connect when the interpreter exits aborts the process
+        ("terminate called without an active exception"). Bounded by the connect timeout
+        (_watch_store) and a poll; not from the watchdog's own thread (its listeners may close)."""
+        watch = self._watch
+        if watch is not None and watch is not threading.current_thread():
+            watch.join(timeout=_WATCH_STORE_TIMEOUT_S + 2 * _POLL_S)
+            if watch.is_alive():
+                logger.warning("the rank watchdog did not stop within %.1f s", _WATCH_STORE_TIMEOUT_S)
 
     def close(self, fanout: StepFanout | None = None) -> None:
         """Stop the followers (told through the ring when they are healthy), then release everything."""
