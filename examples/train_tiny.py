@@ -221,11 +221,23 @@ def step_hidden(model, worker, seqs: list[list[int]]) -> torch.Tensor:
     return model.hidden_states(step, runner.cache)
 
 
-def number_features(tok, used: list[int], dim: int, gen: torch.Generator) -> torch.Tensor:
+def word_vectors(dim: int, seed: int) -> dict[str, torch.Tensor]:
+    """A random unit-rms vector per word of the language's list, from its own seeded stream, so the
+    embedding's and the head's initial rows (number_features) share them."""
+    g = torch.Generator().manual_seed(seed + 7919)
+    return {w: torch.randn(dim, generator=g) for w in lang.WORDS}
+
+
+def number_features(tok, used: list[int], dim: int, gen: torch.Generator,
+                    words: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Initial rows [U + 1, dim] of the compact embedding: a random row per token, and for a token
     that is a number (with or without leading zeros) sines and cosines of its value in the first
     dimensions, so "the next number" starts out as a rotation the layers can learn to apply
-    (counting would otherwise have to learn 1,000 unrelated successors from a few thousand lines)."""
+    (counting would otherwise have to learn 1,000 unrelated successors from a few thousand lines).
+    With `words` (word_vectors), a token that is a whole word of the list, with or without its
+    leading space, starts as that word's vector plus a smaller random part: a lookup's value is
+    written bare after `=` (`k03=river`) but answered with the space (` river`), and a head that
+    copies the bare token's features then already points at the spaced one."""
     rows = torch.randn(len(used) + 1, dim, generator=gen)
     periods = torch.tensor([2.0, 3, 4, 5, 7, 9, 10, 16, 25, 40, 64, 100, 160, 250, 400, 1000])
     for r, tid in enumerate(used):
@@ -237,6 +249,8 @@ def number_features(tok, used: list[int], dim: int, gen: torch.Generator) -> tor
             # input of every layer carries the number's value clearly
             rows[r] *= 0.5
             rows[r, : feats.numel()] = 4.0 * feats
+        elif words is not None and text in words:
+            rows[r] = 0.5 * rows[r] + words[text]
     return rows
 
 
@@ -254,6 +268,10 @@ def parse_args(argv=None):
     ap.add_argument("--draft-batch", type=int, default=24)
     ap.add_argument("--draft-docs", type=int, default=48,
                     help="documents of 96 tokens the draft distillation draws its anchors from")
+    ap.add_argument("--word-features", action=argparse.BooleanOptionalAction, default=False,
+                    help="start a word's bare and spaced tokens from one shared vector (number_features)")
+    ap.add_argument("--draft-hidden-weight", type=float, default=10.0,
+                    help="weight of the draft rows' hidden-state cosine to the main model's in the loss")
     ap.add_argument("--main-from", default=None,
                     help="a checkpoint this script wrote (same --kind): load its main model and skip its "
                          "training (--steps is ignored), then distil the draft layers on it")
@@ -270,8 +288,9 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     remap = torch.full((vocab,), len(used), dtype=torch.long)
     remap[torch.tensor(used)] = torch.arange(len(used))
     g = torch.Generator().manual_seed(args.seed)
-    embed_rows = torch.nn.Parameter(number_features(tok, used, dim, g))
-    head_rows = torch.nn.Parameter(number_features(tok, used, dim, g) / math.sqrt(dim))
+    words = word_vectors(dim, args.seed) if args.word_features else None
+    embed_rows = torch.nn.Parameter(number_features(tok, used, dim, g, words))
+    head_rows = torch.nn.Parameter(number_features(tok, used, dim, g, words) / math.sqrt(dim))
     real_embed = model.embed
     model.embed = torch.nn.Module()
     model.embed.weight = CompactRows(embed_rows, remap)
@@ -314,6 +333,21 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     return embed_rows.detach(), head_rows.detach()
 
 
+def determined_anchors(seqs, weights, b: int, n: int, gen: torch.Generator, free_share: float = 0.2):
+    """`n` (document, a) anchors of draft blocks of `b` rows: a block starts at a + 1 and is scored on
+    a + 2 .. a + b + 1. A uniform candidate is kept when its first scored token is one the rules
+    determine, else with probability `free_share` (a free token, a random word or key, has no right
+    draft, and lookup lines are mostly free tokens): on the training documents about 70 % of the
+    anchors then start on a determined token, against about 30 % of uniform ones."""
+    out = []
+    while len(out) < n:
+        i = int(torch.randint(len(seqs), (1,), generator=gen))
+        a = int(torch.randint(0, len(seqs[i]) - b - 1, (1,), generator=gen))
+        if weights[i][a + 2] == 1.0 or float(torch.rand((), generator=gen)) < free_share:
+            out.append((i, a))
+    return out
+
+
 def distill_drafts(model, worker, tok, used, args, log) -> None:
     """Train the DSpark draft layers on the trained main model (the main model frozen), with
     examples/tools/distill_tiny_drafts.py's loss on documents of the language. The Markov head's
@@ -323,7 +357,8 @@ def distill_drafts(model, worker, tok, used, args, log) -> None:
     import distill_tiny_drafts as distill
     cfg = model.cfg
     rng = random.Random(f"drafts/{args.seed}")
-    seqs = [ids for ids, _ in training_batch(tok, rng, args.draft_docs, 96)]
+    docs = training_batch(tok, rng, args.draft_docs, 96)
+    seqs, weights = [ids for ids, _ in docs], [w for _, w in docs]
     with torch.no_grad():
         feats, hidden = distill.target_features(model, worker, seqs)
     params = distill.draft_parameters(model)
@@ -339,15 +374,16 @@ def distill_drafts(model, worker, tok, used, args, log) -> None:
     t1 = time.perf_counter()
     for it in range(args.draft_steps):
         b = blocks[it % len(blocks)]
-        ce, bce, acc, cos = distill.draft_loss(model, seqs, feats, distill.anchor_batch(seqs, 1, b, args.draft_batch, gen),
-                                               b, hidden)
+        anchors = determined_anchors(seqs, weights, b, args.draft_batch, gen)
+        ce, bce, acc, cos = distill.draft_loss(model, seqs, feats, anchors, b, hidden, weights,
+                                               args.draft_hidden_weight)
         opt.zero_grad(set_to_none=True)
         (ce + 0.1 * bce).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         if it % 10 == 0 or it == args.draft_steps - 1:
-            log(f"draft step {it:4d} B={b} loss {float(ce.detach()):.3f} top-1 per depth "
+            log(f"draft step {it:4d} B={b} loss {float(ce.detach()):.3f} determined-token top-1 per depth "
                 f"{' '.join(f'{x:.2f}' for x in acc.tolist())} {time.perf_counter() - t1:.0f} s")
     for p in params:
         p.requires_grad_(False)
@@ -405,8 +441,17 @@ def main(argv=None) -> int:
         train_main(model, worker, tok, used, args, log)
     if args.kind == "v41" and args.draft_steps > 0:
         distill_drafts(model, worker, tok, used, args, log)
-    state = {k: v.detach().float() if v.dtype.is_floating_point else v for k, v in model.state_dict().items()}
-    write_checkpoint(raw, args.out, lambda cfg, name, shape: state[name].reshape(shape).clone())
+    if args.main_from:
+        # the main model's stored tensors byte for byte (quantizing its dequantized values again can
+        # pick other block scales); only the distilled mtp.* tensors are encoded anew
+        sys.path.insert(0, os.path.join(_HERE, "tools"))
+        import distill_tiny_drafts as distill
+        shutil.copytree(args.main_from, args.out, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("train_log.txt"))
+        distill.write_checkpoint(args.out, args.out, model)
+    else:
+        state = {k: v.detach().float() if v.dtype.is_floating_point else v for k, v in model.state_dict().items()}
+        write_checkpoint(raw, args.out, lambda cfg, name, shape: state[name].reshape(shape).clone())
     if args.artifact:
         sys.path.insert(0, os.path.join(_HERE, "tools"))
         from trained_artifact import pack_artifact

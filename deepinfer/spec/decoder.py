@@ -12,11 +12,13 @@ For the scheduled rows (engine/scheduler.py; the worker, worker/worker.py, built
    grammar mask it would have as the j-th next output;
 3. every sampling row then gets its next drafts (spec/proposer.py).
 
-When every sampling row is greedy with plain argmaxes (spec/greedy_step.py on_device_step) and the
-runner can (ModelRunner.run_greedy_spec: Neuron region steps in a verification bucket, one rank),
-steps 1-3 run on the device as one program instead, and only the tokens, accepted counts and next
-drafts come back; the tokens are the same (the argmaxes, ties to the lowest id). Other steps, and
-every step on the CPU and CUDA strategies, verify on the host as above.
+When every sampling row is greedy with plain argmaxes (spec/greedy_step.py on_device_step), the
+proposer takes device drafts (DraftProposer.drafts_on_device; oracle drafts do not) and the runner
+can (ModelRunner.run_greedy_spec: region steps in a verification bucket, one rank: the Neuron
+strategy and the compiled CPU one built on it), steps 1-3 run on the device as one program instead,
+and only the tokens, accepted counts and next drafts come back; the tokens are the same (the
+argmaxes, ties to the lowest id). Other steps, and every step of the eager and CUDA-graph
+strategies, verify on the host as above.
 
 A logprobs row gets, for every emitted token, the logprob, rank and top-N that the plain sampler
 would report there: verification computes them from the processed target distribution of that
@@ -44,7 +46,8 @@ class SpecDecoder:
         """(StepResult, the ScoreRequests' results) of one step of `scheduled` (as `chunks`).
         plain_samples: the SampleRequest of each sampling row without drafts, in order."""
         num_drafts = self.proposer.num_drafts
-        if self.runner.greedy_spec_on_device and on_device_step(scheduled, self.eos_ids, num_drafts, scores):
+        if (self.proposer.drafts_on_device and self.runner.greedy_spec_on_device
+                and on_device_step(scheduled, self.eos_ids, num_drafts, scores)):
             done = self._on_device(scheduled, chunks)
             if done is not None:
                 return done, None

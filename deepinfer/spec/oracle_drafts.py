@@ -15,6 +15,10 @@ FILLER_TOKEN = 5
 
 
 class OracleProposer(DraftProposer):
+    # the step never drafts on the device (spec/greedy_step.py): those drafts would be the model's own,
+    # and the block's forward is the cost an oracle leaves out
+    drafts_on_device = False
+
     def __init__(self, proposer: DraftProposer, continuations: dict[tuple[int, ...], list[int]]):
         """proposer: the engine's own (its limits are kept); continuations: prompt ids -> plain output ids."""
         super().__init__(proposer.runner, proposer.num_drafts, proposer.max_model_len, proposer.eos_ids,

@@ -34,6 +34,10 @@ DRAFT_SEED_OFFSET = 1000000007  # upstream DeepInfer's draft stream: drafts samp
 
 
 class DraftProposer:
+    # whether a greedy step may verify and draft on the device, its drafts taken through `take_drafts`
+    # (spec/decoder.py); a proposer whose drafts come from elsewhere says no
+    drafts_on_device = True
+
     def __init__(self, runner, num_drafts: int, max_model_len: int, eos_ids, noise_id: int):
         """runner: the driver's ModelRunner (worker/model_runner.py); noise_id: the checkpoint's
         dspark_noise_token_id, the token of block rows 1 .. B-1."""

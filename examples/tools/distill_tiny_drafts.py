@@ -139,12 +139,16 @@ def anchor_batch(seqs, prompt_len: int, b: int, n: int, gen: torch.Generator):
     return out
 
 
-def draft_loss(model, seqs, feats, anchors, b: int, main_hidden=None):
+def draft_loss(model, seqs, feats, anchors, b: int, main_hidden=None, weights=None,
+               hidden_weight: float = HIDDEN_WEIGHT):
     """(loss, confidence BCE, top-1 per depth, hidden cosine per depth or None): the loss is the
     cross-entropy of the draft rows against the true continuation plus, with `main_hidden`, the
-    cosine distance of their normed hidden state to the main model's at the same position (the head
-    is shared, so this matches the whole logit vector, not only its argmax; on unseen prompts the
-    cosine shows how close the draft gets even where its argmax is wrong)."""
+    cosine distance of their normed hidden state to the main model's at the same position times
+    `hidden_weight` (the head is shared, so this matches the whole logit vector, not only its argmax;
+    on unseen prompts the cosine shows how close the draft gets even where its argmax is wrong).
+    `weights` (per sequence, a loss weight per token) weighs each target token's cross-entropy, and
+    the top-1 then counts only the targets of the largest weight (the tokens a rule determines, in
+    train_tiny's documents)."""
     from deepinfer.model_executor.forward_meta import CacheLayout
     from deepinfer.model_executor.models import dspark_draft
     from deepinfer.model_executor.models.v4_common import ModelCache
@@ -174,19 +178,26 @@ def draft_loss(model, seqs, feats, anchors, b: int, main_hidden=None):
     target = torch.tensor([seqs[i][a + 2 + k] for i, a in anchors for k in range(b)])
     pe = dspark_draft.markov_embed(model, prev)
     logits = base + dspark_draft.markov_logits(model, pe)
-    ce = torch.nn.functional.cross_entropy(logits, target)
+    if weights is None:
+        ce = torch.nn.functional.cross_entropy(logits, target)
+        counted = torch.ones(n * b)
+    else:
+        w = torch.tensor([float(weights[i][a + 2 + k]) for i, a in anchors for k in range(b)])
+        ce = (torch.nn.functional.cross_entropy(logits, target, reduction="none") * w).sum() / w.sum()
+        counted = (w == w.max()).float()
     cos = None
     if main_hidden is not None:
         # row k sits at position a+1+k, where the main model's own normed hidden state predicts a+2+k
         want = torch.stack([main_hidden[i][a + 1 + k] for i, a in anchors for k in range(b)])
         got = model.kernels.rms_norm(hidden, model.mtp[-1].norm.weight, cfg.rms_norm_eps)
         cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
-        ce = ce + HIDDEN_WEIGHT * (1 - cos).mean()
+        ce = ce + hidden_weight * (1 - cos).mean()
         cos = cos.detach().view(n, b).mean(dim=0)
     right = (logits.argmax(dim=-1) == target).float()
     conf = dspark_draft.confidence(model, hidden, pe)
     bce = torch.nn.functional.binary_cross_entropy(conf.clamp(1e-6, 1 - 1e-6), right)
-    return ce, bce, right.view(n, b).mean(dim=0), cos
+    top1 = (right * counted).view(n, b).sum(dim=0) / counted.view(n, b).sum(dim=0).clamp(min=1)
+    return ce, bce, top1, cos
 
 
 def write_checkpoint(src: str, dst: str, model) -> int:

@@ -68,3 +68,28 @@ def test_training_batches_weigh_the_determined_tokens():
     for kind in lang.KINDS[:3]:
         free, fixed = train_tiny.line_parts(random.Random(1), kind)
         assert tok.encode(free + fixed).ids == tok.encode(free).ids + tok.encode(fixed).ids
+
+
+def test_main_from_distils_the_drafts_and_keeps_the_main_model_byte_for_byte(tmp_path):
+    """--main-from: the second stage of the committed artifact's recipe (docs/tiny_language.md §4)
+    trains only the draft layers, so every other stored tensor is the source checkpoint's exactly."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--kind", "v41", "--batch", "2", "--seq-len", "48", "--draft-batch", "4", "--draft-docs", "4"]
+    assert train_tiny.main(common + ["--out", str(first), "--steps", "1", "--draft-steps", "1"]) == 0
+    assert train_tiny.main(common + ["--out", str(second), "--main-from", str(first), "--draft-steps", "2",
+                                     "--draft-hidden-weight", "1"]) == 0
+    a, b = _tensors(first), _tensors(second)
+    assert sorted(a) == sorted(b)
+    changed = {k for k in a if not torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8))}
+    assert changed and all(k.startswith("mtp.") for k in changed), sorted(changed)[:5]
+
+
+def test_draft_anchors_mostly_score_determined_tokens():
+    tok = train_tiny.load_tokenizer()
+    docs = train_tiny.training_batch(tok, random.Random(2), 16, 96)
+    seqs, weights = [s for s, _ in docs], [w for _, w in docs]
+    anchors = train_tiny.determined_anchors(seqs, weights, 3, 400, torch.Generator().manual_seed(0))
+    assert all(0 <= a and a + 3 + 1 < len(seqs[i]) for i, a in anchors)
+    share = sum(weights[i][a + 2] == 1.0 for i, a in anchors) / len(anchors)
+    everywhere = sum(w[a + 2] == 1.0 for w in weights for a in range(len(w) - 4)) / sum(len(w) - 4 for w in weights)
+    assert share > 2 * everywhere and share > 0.6, (share, everywhere)
