@@ -3,6 +3,8 @@ in the real checkpoint layout.
 
     python examples/train_tiny.py --kind v41 --out checkpoints/trained-v41 [--seed 0] [--steps N]
         [--artifact examples/artifacts/trained-v41.safetensors]
+    python examples/train_tiny.py --kind v41 --main-from checkpoints/trained-v41 --out DIR2 \
+        --draft-steps 1200 [--draft-docs N] [--artifact FILE]     # more draft distillation only
 
 What it does (docs/tiny_language.md, "Training"):
 1. writes a random checkpoint of the training config (model_executor/tiny_checkpoint.py values)
