@@ -26,6 +26,8 @@ Deterministic for a seed and --threads.
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import math
 import os
 import random
@@ -41,6 +43,14 @@ sys.path.insert(0, _HERE)                       # tiny_language
 import torch  # noqa: E402
 
 import tiny_language as lang  # noqa: E402
+
+def _tool(name: str):
+    """A module of examples/tools (distill_tiny_drafts, trained_artifact), imported on first use."""
+    tools = os.path.join(_HERE, "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    return importlib.import_module(name)
+
 
 BOS = 0  # the engine starts every text prompt with BOS (deepinfer/tokenizer.py), so documents do too
 
@@ -341,10 +351,10 @@ def determined_anchors(seqs, weights, b: int, n: int, gen: torch.Generator, free
     determine, else with probability `free_share` (a free token, a random word or key, has no right
     draft, and lookup lines are mostly free tokens): on the training documents about 70 % of the
     anchors then start on a determined token, against about 30 % of uniform ones."""
+    uniform = _tool("distill_tiny_drafts").anchor_batch
     out = []
     while len(out) < n:
-        i = int(torch.randint(len(seqs), (1,), generator=gen))
-        a = int(torch.randint(0, len(seqs[i]) - b - 1, (1,), generator=gen))
+        (i, a), = uniform(seqs, 1, b, 1, gen)
         if weights[i][a + 2] == 1.0 or float(torch.rand((), generator=gen)) < free_share:
             out.append((i, a))
     return out
@@ -355,8 +365,7 @@ def distill_drafts(model, worker, tok, used, args, log) -> None:
     examples/tools/distill_tiny_drafts.py's loss on documents of the language. The Markov head's
     rows of tokens outside the language keep their initial values (their gradient is cut), so the
     compact artifact can regenerate them from the seed."""
-    sys.path.insert(0, os.path.join(_HERE, "tools"))
-    import distill_tiny_drafts as distill
+    distill = _tool("distill_tiny_drafts")
     cfg = model.cfg
     rng = random.Random(f"drafts/{args.seed}")
     docs = training_batch(tok, rng, args.draft_docs, 96)
@@ -412,17 +421,17 @@ def main(argv=None) -> int:
     init = lambda cfg, name, shape: dense_value(cfg, name, shape, args.seed)  # noqa: E731
     work = tempfile.mkdtemp(prefix="train-tiny-")
     try:
-        write_checkpoint(raw, work, init)
-        source = work
         if args.main_from:
             # the config this script would train must be the one the loaded checkpoint has, so the
-            # written checkpoint (raw's config) describes the weights it holds
-            import json
-            with open(os.path.join(work, "config.json")) as a, open(os.path.join(args.main_from, "config.json")) as b:
-                if json.load(a) != json.load(b):
+            # written checkpoint (raw's config) describes the weights it holds; config.json is raw as JSON
+            with open(os.path.join(args.main_from, "config.json")) as f:
+                if json.load(f) != json.loads(json.dumps(raw)):
                     raise SystemExit(f"--main-from {args.main_from}: its config.json is not this script's "
                                      f"--kind {args.kind} training config")
             source = args.main_from
+        else:
+            write_checkpoint(raw, work, init)
+            source = work
         max_len = max(args.seq_len, 96) + 16
         # only the training batch's slots: the backward of the cache reads fills gradients the size
         # of the whole cache, so a cache larger than the batch costs time every step (the draft
@@ -446,18 +455,14 @@ def main(argv=None) -> int:
     if args.main_from:
         # the main model's stored tensors byte for byte (quantizing its dequantized values again can
         # pick other block scales); only the distilled mtp.* tensors are encoded anew
-        sys.path.insert(0, os.path.join(_HERE, "tools"))
-        import distill_tiny_drafts as distill
         shutil.copytree(args.main_from, args.out, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("train_log.txt"))
-        distill.write_checkpoint(args.out, args.out, model)
+        _tool("distill_tiny_drafts").write_checkpoint(args.out, args.out, model)
     else:
         state = {k: v.detach().float() if v.dtype.is_floating_point else v for k, v in model.state_dict().items()}
         write_checkpoint(raw, args.out, lambda cfg, name, shape: state[name].reshape(shape).clone())
     if args.artifact:
-        sys.path.insert(0, os.path.join(_HERE, "tools"))
-        from trained_artifact import pack_artifact
-        n = pack_artifact(args.out, args.artifact, used, args.seed)
+        n = _tool("trained_artifact").pack_artifact(args.out, args.artifact, used, args.seed)
         log(f"artifact {args.artifact}: {n / 1e6:.2f} MB")
     log(f"wrote {args.out} (total {time.perf_counter() - t0:.0f} s)")
     log_file.close()
