@@ -76,12 +76,6 @@ def _draft(model, buf, layout, cache, rows: int, depth: int):
     return torch.cat([hidden.float(), base], dim=1), torch.cat([drafts.float(), conf], dim=1)
 
 
-def _verify_draft(model, logits, meta, cache, layout, noise_id: int, block_tokens: int):
-    """A greedy speculative step's acceptance and next draft block as one region (spec/greedy_step.py
-    verify_and_draft): the verification logits never leave the device, one fp32 tensor comes back."""
-    return verify_and_draft(model, logits, meta, cache, layout, noise_id, block_tokens)
-
-
 class NeuronRegionStrategy(RunnerStrategy):
     name = "neuron_regions"
 
@@ -330,7 +324,8 @@ class NeuronRegionStrategy(RunnerStrategy):
             logits = self._compiled_forward(packed, cache, self._hook(self._layer_hook(bucket)))
             if self.census is not None:
                 self.census.phase("draft")
-            out = self._region("verify_draft", _verify_draft, self.model, logits, meta, cache, self.layout, noise,
+            # acceptance and the next draft block: the verification logits never leave the device
+            out = self._region("verify_draft", verify_and_draft, self.model, logits, meta, cache, self.layout, noise,
                                self.draft_tokens(rows))
             self._returned(1)
         return out if out.device.type in ("cpu", "meta") else out.cpu()   # meta: the device report
