@@ -4,9 +4,9 @@ A message is a small header, a JSON description, then the raw bytes of every ten
 
     "DIST" | kind u32 | json length u32 | json | tensor bytes (each 8-byte aligned)
 
-The JSON holds the message's fields (kind STEP, DRAFT or SHUTDOWN, the logits rows every group pads to
-for the gather) and, per data-parallel group, its bucket, its real logits rows and its StepInputs as a
-tree: dataclasses (StepInputs, CompressMeta) by name, dicts with tuple keys (the compressor metadata
+The JSON holds the message's fields (kind STEP, DRAFT, DRAFT_GREEDY, GREEDY_SPEC or SHUTDOWN, the logits rows every
+group pads to for the gather) and, per data-parallel group, its bucket, its real logits rows, its
+StepInputs and (GREEDY_SPEC) its plan rows as a tree: dataclasses (StepInputs, CompressMeta) by name, dicts with tuple keys (the compressor metadata
 is keyed by (ratio, ring, overlap)), tensors as [dtype, shape, offset, nbytes], plain values as is.
 The tree is walked generically, so a field added to StepInputs travels without a change here.
 """
@@ -29,6 +29,13 @@ KIND_STEP, KIND_SHUTDOWN = 1, 2
 # A DSpark draft block (spec/proposer.py): every rank runs the draft layers too, because their MoE
 # and lane attention have collectives; its StepInputs travel like a step's (bucket None, eager).
 KIND_DRAFT = 3
+# A greedy speculative step as one device program (spec/greedy_step.py): the verification step's
+# StepInputs and, per group, its GreedySpecPlan rows (`plan`); every rank runs the forward and the
+# verify_draft region (the draft block's MoE and lane attention have collectives too).
+KIND_GREEDY_SPEC = 4
+# A draft block whose rows all draft by argmax, the heads in its program (ModelRunner.draft_greedy):
+# the same StepInputs as KIND_DRAFT; one row of drafts and confidences a sequence comes back.
+KIND_DRAFT_GREEDY = 5
 _CLASSES = {"StepInputs": StepInputs, "CompressMeta": CompressMeta, "PrefixStateIO": PrefixStateIO,
             "StateCopies": StateCopies}
 _ALIGN = 8
@@ -40,6 +47,7 @@ class GroupStep:
     step: StepInputs          # host tensors
     bucket: Bucket | None
     num_logits: int           # real logits rows of this group (the first rows of its logits)
+    plan: torch.Tensor | None = None  # KIND_GREEDY_SPEC: the group's GreedySpecPlan.meta rows (int64)
 
 
 @dataclass
@@ -90,7 +98,8 @@ def encode(msg: StepMessage) -> tuple[int, list[tuple[int, memoryview]]]:
     """(total size, [(offset, bytes)]) of the message: the parts a ring copies into its slot."""
     w = _Writer()
     groups = [{"bucket": None if g.bucket is None else dataclasses.astuple(g.bucket),
-               "num_logits": int(g.num_logits), "step": w.tree(g.step)} for g in msg.groups]
+               "num_logits": int(g.num_logits), "step": w.tree(g.step), "plan": w.tree(g.plan)}
+              for g in msg.groups]
     desc = json.dumps({"gather_rows": int(msg.gather_rows), "groups": groups, "head": msg.head},
                       separators=(",", ":")).encode()
     base = -(-(_HEAD.size + len(desc)) // _ALIGN) * _ALIGN
@@ -137,5 +146,6 @@ def decode(buf: bytearray, group: int | None = None) -> StepMessage:
             groups.append(None)
             continue
         bucket = None if g["bucket"] is None else Bucket(*g["bucket"])
-        groups.append(GroupStep(_read_tree(g["step"], buf, base), bucket, g["num_logits"]))
+        groups.append(GroupStep(_read_tree(g["step"], buf, base), bucket, g["num_logits"],
+                                _read_tree(g.get("plan", {"v": None}), buf, base)))
     return StepMessage(kind, groups, desc["gather_rows"], desc.get("head"))

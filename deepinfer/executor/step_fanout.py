@@ -20,7 +20,13 @@ every rank runs through the draft layers (their MoE and lane attention have coll
 shared out like a step's (group `state_slot % dp`, each group padded with placeholder rows to the
 largest group), and the group leaders all-gather [hidden_pre | base logits] per row so the driver
 samples the drafts (ModelRunner.draft, `gather_draft`); followers run it through
-`ModelRunner.execute_draft`.
+`ModelRunner.execute_draft`. When every row drafts by argmax the heads run in the block's program on
+every rank and only [drafts | confidences] a sequence is gathered (`prepare_draft(greedy=True)`,
+ModelRunner.draft_greedy / execute_draft_greedy). A step whose sampling rows are all greedy can instead be one message and
+one device program on every rank (`prepare_greedy_spec`, spec/greedy_step.py): each group's verification
+step with its share of the plan; the group leaders all-gather the programs' outputs (tokens, accepted
+counts, next drafts) and the driver puts them in plan order; followers run it through
+`ModelRunner.execute_greedy_spec`.
 
 The KV pools are full size on every rank, although a rank only ever holds its group's sequences:
 with dp > 1 that is dp times the memory the rows need (the scheduler has one block pool for all).
@@ -32,9 +38,9 @@ import dataclasses
 import torch
 
 from deepinfer.distributed import comm
-from deepinfer.distributed.step_codec import (KIND_DRAFT, KIND_SHUTDOWN, KIND_STEP, GroupStep, StepMessage,
-                                              decode, to_bytes)
-from deepinfer.model_executor.forward_meta import SeqChunk
+from deepinfer.distributed.step_codec import (KIND_DRAFT, KIND_DRAFT_GREEDY, KIND_GREEDY_SPEC, KIND_SHUTDOWN,
+                                              KIND_STEP, GroupStep, StepMessage, decode, to_bytes)
+from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.model_executor.layers.vocab_parallel import HeadPlan
 from deepinfer.model_executor.models.dspark_draft import DraftBlock, draft_step_inputs
 from deepinfer.model_executor.static_step import Bucket, pad_chunks
@@ -49,7 +55,8 @@ class FanoutStep:
     message: StepMessage | None     # the driver's whole step (None on a follower)
     gather_rows: int                # logits rows every group leader contributes
     order: torch.Tensor | None = None  # driver, dp > 1: gathered row of each real logits row, chunk order
-    kind: int = KIND_STEP           # KIND_STEP (a main forward) or KIND_DRAFT (a draft block)
+    kind: int = KIND_STEP           # KIND_STEP (a main forward), KIND_DRAFT (a draft block) or
+    #                                 KIND_GREEDY_SPEC (a greedy verification step and its next draft block)
 
 
 def split_groups(chunks: list[SeqChunk], dp: int) -> tuple[list[list[SeqChunk]], list[list[int]]]:
@@ -95,8 +102,6 @@ def gather_order(index: list[list[int]], sizes: list[int], stride: int) -> torch
 class StepFanout:
     """The transport of a model spread over ranks (worker/step_transport.py StepTransport)."""
 
-    single_rank = False
-
     def __init__(self, layout, groups, channel):
         """layout: this rank's ParallelLayout; groups: its ParallelGroups; channel: its StepChannel."""
         self.layout = layout
@@ -114,8 +119,17 @@ class StepFanout:
             return PreparedStep(strategy.to_device(step, bucket), bucket, n, FanoutStep(msg, n))
         per, index = split_groups(chunks, dp)
         groups = []
-        for g in per:
-            step, bucket = strategy.prepare_host(g)
+        # the driver picks every group's bucket from its real chunks, one token count for all
+        # (BucketSpec.common_buckets; the bucket's own placeholders pad each group)
+        real = [[chunks[i] for i in members] for members in index]
+        buckets = strategy.group_buckets(real)
+        for i, g in enumerate(per):
+            if buckets is None:
+                step, bucket = strategy.prepare_host(g)
+            elif buckets[i] is None:   # no bucket holds every group: all run eagerly, unpadded
+                step, bucket = build_step_inputs(g, strategy.layout), None
+            else:
+                step, bucket = strategy.prepare_host(real[i], buckets[i])
             groups.append(GroupStep(step, bucket, logit_rows(g)))
         rows = max(g.num_logits for g in groups)
         order = gather_order(index, [logit_rows([c]) for c in chunks], rows)
@@ -124,24 +138,60 @@ class StepFanout:
         return PreparedStep(strategy.to_device(own.step, own.bucket), own.bucket, own.num_logits,
                             FanoutStep(msg, rows, order))
 
-    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
+    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int, greedy: bool = False) -> PreparedStep:
         """A draft block shared out like a step (module docstring); num_logits counts its B rows per
-        sequence, which come back from `gather` in the block's row order."""
+        sequence, which come back from `gather` in the block's row order. greedy: every row drafts by
+        argmax with the heads in the block's program (ModelRunner.draft_greedy): one row a sequence
+        comes back, [B drafts | B confidences]."""
         b, dp, layout = block.block, self.layout.dp, strategy.layout
+        kind, per_seq = (KIND_DRAFT_GREEDY, 1) if greedy else (KIND_DRAFT, b)
         if dp == 1:
             step = draft_step_inputs(block.padded(strategy.draft_rows(len(block))), layout, noise_id)
-            n = len(block) * b
-            msg = StepMessage(KIND_DRAFT, [GroupStep(step, None, n)], n)
-            return PreparedStep(strategy.draft_to_device(step), None, n, FanoutStep(msg, n, kind=KIND_DRAFT))
+            n = len(block) * per_seq
+            msg = StepMessage(kind, [GroupStep(step, None, n)], n)
+            return PreparedStep(strategy.draft_to_device(step), None, n, FanoutStep(msg, n, kind=kind))
         index = [[r for r, slot in enumerate(block.slots) if slot % dp == g] for g in range(dp)]
         rows = strategy.draft_rows(max(len(i) for i in index))
         groups = [GroupStep(draft_step_inputs(block.rows(members).padded(rows), layout, noise_id), None,
-                            len(members) * b) for members in index]
-        order = gather_order(index, [b] * len(block), rows * b)
-        msg = StepMessage(KIND_DRAFT, groups, rows * b)
+                            len(members) * per_seq) for members in index]
+        order = gather_order(index, [per_seq] * len(block), rows * per_seq)
+        msg = StepMessage(kind, groups, rows * per_seq)
         own = groups[self.layout.dp_rank]
         return PreparedStep(strategy.draft_to_device(own.step), None, own.num_logits,
-                            FanoutStep(msg, rows * b, order, kind=KIND_DRAFT))
+                            FanoutStep(msg, rows * per_seq, order, kind=kind))
+
+    def prepare_greedy_spec(self, strategy, chunks: list[SeqChunk], plan) -> PreparedStep | None:
+        """A greedy verification step as one device program on every rank (spec/greedy_step.py), shared
+        out like a step (each group its chunks, padded to the same token count) with each group's share
+        of the plan; every group runs the same block rows (those of the largest group's plan), and the
+        group leaders all-gather their [rows, 3B + 2] outputs, which `gather` puts in plan order. None
+        where a group's step is not a greedy speculative step the strategy can run (the host verifies;
+        nothing was published)."""
+        dp = self.layout.dp
+        if dp == 1:
+            per, plans, buckets = [chunks], [plan], [None]
+        else:
+            index = split_groups(chunks, dp)[1]
+            per = [[chunks[i] for i in members] for members in index]   # each group's real chunks
+            plans = [plan.for_group(chunks, members) for members in index]
+            buckets = strategy.group_buckets(per)   # one token count for all (BucketSpec.common_buckets)
+            if buckets is None or None in buckets:
+                return None
+        most = max(len(p) for p in plans)
+        groups, rows = [], None
+        for g, p, b in zip(per, plans, buckets):
+            got = strategy.greedy_spec_inputs(g, most, b)
+            if got is None or (rows is not None and (got[1].num_tokens, got[2]) != (groups[0].bucket.num_tokens, rows)):
+                return None
+            step, bucket, rows = got
+            groups.append(GroupStep(step, bucket, len(p), p.meta(rows)))
+        # plan row r of group g comes back at g * rows + its place in g's plan
+        where = {i: g * rows + k for g, p in enumerate(plans) for k, i in enumerate(p.index)}
+        order = None if dp == 1 else torch.tensor([where[i] for i in plan.index], dtype=torch.long)
+        msg = StepMessage(KIND_GREEDY_SPEC, groups, rows)
+        own = groups[self.layout.dp_rank]
+        return PreparedStep(strategy.greedy_spec_to_device(own.step, own.bucket, own.plan), own.bucket, len(plan),
+                            FanoutStep(msg, rows, order, kind=KIND_GREEDY_SPEC))
 
     def publish(self, prepared: PreparedStep) -> None:
         """Send the step; a head plan (prepared.head, the step's rows in chunk order) goes out split
@@ -194,12 +244,18 @@ class StepFanout:
     @torch.inference_mode()
     def follow(self, runner) -> int:
         """A follower's loop: run every step the driver publishes through runner.execute (the same
-        strategy forward, no sampling) and every draft block through runner.execute_draft, until the
-        driver says stop; returns the number of messages run."""
+        strategy forward, no sampling), every draft block through runner.execute_draft (or
+        runner.execute_draft_greedy when its rows draft by argmax) and every greedy
+        speculative program through runner.execute_greedy_spec, until the driver says stop; returns the
+        number of messages run."""
         steps = 0
         while (prepared := self.receive(runner.strategy)) is not None:
             if prepared.fanout.kind == KIND_DRAFT:
                 runner.execute_draft(prepared)
+            elif prepared.fanout.kind == KIND_DRAFT_GREEDY:
+                runner.execute_draft_greedy(prepared)
+            elif prepared.fanout.kind == KIND_GREEDY_SPEC:
+                runner.execute_greedy_spec(prepared)
             else:
                 runner.execute(prepared)
             steps += 1
@@ -211,9 +267,12 @@ class StepFanout:
         if msg.kind == KIND_SHUTDOWN:
             return None
         own = msg.groups[self.layout.dp_rank]
-        if msg.kind == KIND_DRAFT:
+        if msg.kind in (KIND_DRAFT, KIND_DRAFT_GREEDY):
             return PreparedStep(strategy.draft_to_device(own.step), None, own.num_logits,
-                                FanoutStep(None, msg.gather_rows, kind=KIND_DRAFT))
+                                FanoutStep(None, msg.gather_rows, kind=msg.kind))
+        if msg.kind == KIND_GREEDY_SPEC:
+            return PreparedStep(strategy.greedy_spec_to_device(own.step, own.bucket, own.plan), own.bucket,
+                                own.num_logits, FanoutStep(None, msg.gather_rows, kind=KIND_GREEDY_SPEC))
         if msg.kind != KIND_STEP:
             raise RuntimeError(f"step message of unknown kind {msg.kind}")
         head = None if msg.head is None else HeadPlan.from_json(msg.head[self.layout.dp_rank])
@@ -256,7 +315,9 @@ def slot_bytes(strategy, engine_config, dp: int) -> int:
     largest = 0
     for chunks in cases:
         step, bucket = strategy.prepare_host(chunks)
-        msg = StepMessage(KIND_STEP, [GroupStep(step, bucket, logit_rows(chunks))], 0)
+        # a greedy speculative step carries its plan's rows too: int64 [rows, 2B + 4] (spec/greedy_step.py)
+        plan = torch.zeros(len(chunks), 2 * drafts + 4, dtype=torch.long) if drafts else None
+        msg = StepMessage(KIND_STEP, [GroupStep(step, bucket, logit_rows(chunks), plan)], 0)
         largest = max(largest, len(to_bytes(msg)))
     if drafts:   # the draft block of every sequence
         block = DraftBlock(list(range(1, seqs + 1)), [max_len - 2] * seqs, [1] * seqs, drafts)

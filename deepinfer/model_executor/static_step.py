@@ -191,6 +191,41 @@ class BucketSpec:
         return Bucket(num_seqs=n - (-(p - tokens) // ctx), num_tokens=p, context=ctx)
 
 
+    def common_buckets(self, groups: list[list[SeqChunk]]) -> list[Bucket | None]:
+        """One bucket per data-parallel group of a step (each group's real chunks, possibly none), all
+        of one token count: every rank of an EP group feeds its MoE collectives (and a lane its
+        all-reduce) the same rows, so groups must not pick buckets of different sizes, as they would when
+        one group's rows fit a verification bucket and another's a prompt or a smaller bucket. Every
+        group takes the largest group's token count and class, its own context; the bucket's placeholders
+        fill the difference (static_step). A verification-sized count becomes the prompt bucket that holds
+        it when some group has a chunk longer than a verification row. Where a group with chunks fits no
+        bucket, every group runs eagerly (all None)."""
+        chosen = [self.select(g) if g else None for g in groups]
+        if any(b is None for g, b in zip(groups, chosen) if g) or not any(groups):
+            return [None] * len(groups)
+        top = max((b for b in chosen if b is not None), key=lambda b: (b.num_tokens, b.num_seqs))
+        t, ctx_any = top.num_tokens, max(b.context for b in chosen if b is not None)
+        if all(b is not None and b.num_tokens == t for b in chosen) and len({b.num_seqs == t for b in chosen}) == 1:
+            return chosen
+        decode = top.num_seqs == top.num_tokens and all(c.num_new == 1 for g in groups for c in g)
+        verify = self.verify_tokens > 1 and t in {self.verify_bucket_tokens(r) for r in self.verify_batch}
+        prompt = self.prefill_tokens or ()
+        if not decode and verify and t not in prompt and any(c.num_new > self.verify_tokens for g in groups for c in g):
+            t = next((p for p in prompt if p >= t), None)
+            if t is None:
+                return [None] * len(groups)
+        out = []
+        for g, b in zip(groups, chosen):
+            ctx = ctx_any if b is None else b.context
+            if decode:
+                out.append(Bucket(num_seqs=t, num_tokens=t, context=ctx))
+            elif b is not None and b.num_tokens == t and b.num_seqs != b.num_tokens:
+                out.append(b)
+            else:
+                extra = t - sum(c.num_new for c in g)
+                out.append(Bucket(num_seqs=len(g) - (-extra // ctx), num_tokens=t, context=ctx))
+        return out
+
     def _verify_bucket(self, chunks: list[SeqChunk], rows: int, ctx: int) -> Bucket:
         """The verification bucket of `rows` row slots holding `chunks`: the tokens short rows, empty
         row slots and the power-of-two padding leave over go to placeholder chunks of at most `ctx`

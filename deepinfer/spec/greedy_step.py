@@ -73,6 +73,24 @@ class GreedySpecPlan:
     def __len__(self) -> int:
         return len(self.index)
 
+    def for_group(self, chunks, members: list[int]) -> GreedySpecPlan:
+        """The plan of the step's chunks `members` (indices into `chunks`, in the order a data-parallel
+        group runs them: executor/step_fanout.py split_groups), each row's logits rows renumbered as the
+        group's own step has them (its chunks' logits rows one after another, placeholders after)."""
+        start, row = [], 0
+        for c in chunks:
+            start.append(row)
+            row += min(c.num_logits, c.num_new)
+        own, row = {}, 0
+        for i in members:
+            own[i] = row
+            row += min(chunks[i].num_logits, chunks[i].num_new)
+        keep = sorted((r for r, i in enumerate(self.index) if i in own), key=lambda r: members.index(self.index[r]))
+        return GreedySpecPlan([self.index[r] for r in keep],
+                              [self.first[r] - start[self.index[r]] + own[self.index[r]] for r in keep],
+                              [self.drafts[r] for r in keep], [self.slots[r] for r in keep],
+                              [self.x0_pos[r] for r in keep], self.num_drafts)
+
     def meta(self, rows: int) -> torch.Tensor:
         """int64 [rows, 2B + 4]: per row the logits row of each depth 0..B (a depth past the row's
         drafts repeats its last row, never read), the drafts (NO_TOKEN where none), slot, x0 position

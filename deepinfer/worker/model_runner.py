@@ -185,34 +185,47 @@ class ModelRunner:
     def draft_greedy(self, block: DraftBlock, noise_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(drafts [R, B] int64, confidences [R, B] fp32) of a draft block whose rows all draft by argmax,
         its heads run with the block (one region on Neuron: no logits leave the device); None where the
-        strategy drafts on the host (then `draft` and `draft_heads`). One rank only for now: every rank of
-        a model over ranks runs the draft block, and the fan-out message does not yet say which of the
-        two the driver wants."""
-        if not (self.strategy.greedy_drafts_in_graph and self.transport.single_rank):
+        strategy drafts on the host (then `draft` and `draft_heads`). On a model over ranks every rank
+        runs the block (published as such) and the group leaders' rows are gathered."""
+        if not self.strategy.greedy_drafts_in_graph:
             return None
-        prepared = self.transport.prepare_draft(self.strategy, block, noise_id)
+        prepared = self.transport.prepare_draft(self.strategy, block, noise_id, greedy=True)
+        self.publish(prepared)
+        return self.execute_draft_greedy(prepared)
+
+    def execute_draft_greedy(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor]:
         drafts, conf = self.strategy.forward_draft_greedy(prepared.step, self.cache)
-        return drafts[:len(block)], conf[:len(block)]
+        b = drafts.shape[1]
+        # this rank's real rows (placeholder rows come last), then every group's in block order
+        rows = self.transport.gather(prepared, torch.cat([drafts.float(), conf], dim=1)[: prepared.num_logits])
+        return rows[:, :b].long(), rows[:, b:]
 
     @torch.inference_mode()
     def run_greedy_spec(self, chunks: list[SeqChunk], plan) -> GreedySpecOutput | None:
         """A step whose sampling rows are all greedy (spec/greedy_step.py GreedySpecPlan), verified and
         drafted on the device in one program: one copy in, one copy back (tokens, accepted counts,
-        next drafts and confidences). None where the strategy or the step cannot (then `run`, host
-        verification, `draft_greedy` / `draft`). One rank with whole-vocabulary logits only, as
-        `draft_greedy`."""
+        next drafts and confidences). On a model over ranks every rank runs the program (one message);
+        the group leaders' outputs are gathered. None where the strategy or the step cannot (then `run`,
+        host verification, `draft_greedy` / `draft`)."""
         if not self.greedy_spec_on_device:
             return None
         t0 = time.perf_counter()
-        out = self.strategy.greedy_spec_step(chunks, plan, self.cache)
-        if out is not None:
-            self.last_timing = RunnerTiming(0.0, time.perf_counter() - t0, 0.0)
-        return out
+        prepared = self.transport.prepare_greedy_spec(self.strategy, chunks, plan)
+        if prepared is None:
+            return None
+        self.publish(prepared)
+        out = self.execute_greedy_spec(prepared)
+        self.last_timing = RunnerTiming(0.0, time.perf_counter() - t0, 0.0)
+        return GreedySpecOutput.parse(out, len(plan), plan.num_drafts)
+
+    def execute_greedy_spec(self, prepared: PreparedStep) -> torch.Tensor:
+        out = self.strategy.forward_greedy_spec(prepared.step, self.cache, prepared.bucket)
+        return self.transport.gather(prepared, out)
 
     @property
     def greedy_spec_on_device(self) -> bool:
-        """Whether `run_greedy_spec` can run at all (the strategy can, one rank, whole-vocabulary logits)."""
-        return self.strategy.greedy_spec_on_device and self.transport.single_rank and self.vocab_shard is None
+        """Whether `run_greedy_spec` can run at all (the strategy can)."""
+        return self.strategy.greedy_spec_on_device
 
     def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
                     prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,14 +37,17 @@ def logit_rows(chunks: list[SeqChunk]) -> int:
 
 
 class StepTransport(Protocol):
-    # Whether this rank alone runs the model (then a draft block may return drafts instead of its rows)
-    single_rank: bool
-
     def prepare(self, strategy, chunks: list[SeqChunk]) -> PreparedStep:
         """This rank's share of the step, on its device (the whole step's share-out kept for publish)."""
 
-    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
-        """A DSpark draft block (models/dspark_draft.py) as a step: B rows per sequence."""
+    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int, greedy: bool = False) -> PreparedStep:
+        """A DSpark draft block (models/dspark_draft.py) as a step: B rows per sequence (greedy: the
+        heads run with the block, one row of drafts and confidences a sequence)."""
+
+    def prepare_greedy_spec(self, strategy, chunks: list[SeqChunk], plan) -> PreparedStep | None:
+        """A verification step whose sampling rows are all greedy, as one device program per rank
+        (spec/greedy_step.py GreedySpecPlan `plan`); num_logits counts the plan's rows, which come back
+        from `gather` in plan order. None where the strategy cannot (the host verifies)."""
 
     def publish(self, prepared: PreparedStep) -> None:
         """Hand the prepared step to every other rank that runs it."""
@@ -60,16 +63,21 @@ class StepTransport(Protocol):
 class SingleRankTransport:
     """The model runs on this rank alone."""
 
-    single_rank = True
-
     def prepare(self, strategy, chunks: list[SeqChunk]) -> PreparedStep:
         step, bucket = strategy.prepare(chunks)
         return PreparedStep(step, bucket, logit_rows(chunks))
 
-    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int) -> PreparedStep:
+    def prepare_draft(self, strategy, block: DraftBlock, noise_id: int, greedy: bool = False) -> PreparedStep:
         padded = block.padded(strategy.draft_rows(len(block)))
         step = strategy.draft_to_device(draft_step_inputs(padded, strategy.layout, noise_id))
-        return PreparedStep(step, None, len(block) * block.block)
+        return PreparedStep(step, None, len(block) * (1 if greedy else block.block))
+
+    def prepare_greedy_spec(self, strategy, chunks: list[SeqChunk], plan) -> PreparedStep | None:
+        got = strategy.greedy_spec_inputs(chunks, len(plan))
+        if got is None:
+            return None
+        step, bucket, rows = got
+        return PreparedStep(strategy.greedy_spec_to_device(step, bucket, plan.meta(rows)), bucket, len(plan))
 
     def publish(self, prepared: PreparedStep) -> None:
         pass

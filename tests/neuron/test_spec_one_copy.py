@@ -97,7 +97,7 @@ def test_device_drafts_equal_the_host_paths(tiny_v41_dir, monkeypatch):
     assert len(fused) >= 4
     # the same engine verifying on the host
     made["host"].clear()
-    monkeypatch.setattr(NeuronRegionStrategy, "greedy_spec_step", lambda self, chunks, plan, cache: None)
+    monkeypatch.setattr(NeuronRegionStrategy, "greedy_spec_inputs", lambda self, chunks, num_rows: None)
     llm, _ = _neuron_llm(tiny_v41_dir, cfg, 3)
     assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == device_tokens
     host = made["host"]

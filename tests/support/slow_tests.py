@@ -93,6 +93,7 @@ SLOW = {
     "process/test_multi_rank_faults.py::test_driver_killed_followers_exit": 11,
     "process/test_multi_rank_spec.py::test_drafts_across_ranks_equal_single_rank[ep2-dp2]": 12,
     "process/test_multi_rank_spec.py::test_follower_killed_in_a_draft_block": 7,
+    "process/test_multi_rank_greedy_program.py": 160,   # 5 engines (3 over two ranks) in host-mode regions
     "process/test_server.py::test_server_still_serves_after_bad_requests": 17,
     "process/test_server.py::test_32_concurrent_streams_mixed_lengths": 11,
     "process/test_server.py::test_openai_client_response_format_json_schema": 10,

@@ -105,3 +105,23 @@ def test_plan_rows_name_each_rows_verification_logits_and_parse_back():
     got = GreedySpecOutput.parse(torch.cat([out, torch.zeros(2, 11)]), 2, b)
     assert got.tokens == [[7, 8, 5], [4]] and got.accepted == [2, 0]
     assert got.drafts == [[11, 12, 13], [21, 22, 23]] and got.confidences[0] == [.5, .25, .125]
+
+
+def test_a_groups_plan_renumbers_its_rows_as_the_groups_step_has_them():
+    """executor/step_fanout.py prepare_greedy_spec: with data-parallel groups each group's step holds its
+    own chunks' logits rows one after another, so a plan row's first logits row moves."""
+    b = 2
+    scheduled = [_Sched(_Seq(1, 12), [7, 8]), _Sched(_Seq(2, 20), [9]), _Sched(_Seq(3, 30), []),
+                 _Sched(_Seq(4, 9), [5, 6])]
+    chunks = [SeqChunk(slot=s.seq.state_slot, ctx_len=len(s.seq) - 1, num_new=1 + len(s.draft_token_ids),
+                       block_table=[1], token_ids=[0] * (len(s.seq) + 2), num_logits=1 + len(s.draft_token_ids))
+              for s in scheduled]
+    plan = GreedySpecPlan.build(scheduled, chunks, b)
+    assert plan.first == [0, 3, 5, 6]
+    odd = plan.for_group(chunks, [0, 2])    # slots 1 and 3
+    even = plan.for_group(chunks, [1, 3])   # slots 2 and 4
+    assert odd.index == [0, 2] and odd.first == [0, 3] and odd.drafts == [[7, 8], []] and odd.slots == [1, 3]
+    assert even.index == [1, 3] and even.first == [0, 2] and even.x0_pos == [19, 8]
+    # each group's meta names the rows of its own step
+    assert even.meta(2)[1, :1 + b].tolist() == [2, 3, 4]
+    assert plan.for_group(chunks, []).index == []

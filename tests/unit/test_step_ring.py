@@ -64,6 +64,19 @@ def test_codec_round_trips_a_step_every_field():
     assert decode(to_bytes(StepMessage(KIND_SHUTDOWN))).kind == KIND_SHUTDOWN
 
 
+def test_codec_carries_a_greedy_speculative_steps_plan_rows():
+    from deepinfer.distributed.step_codec import KIND_GREEDY_SPEC
+    layout = _layout()
+    step = build_step_inputs(_chunks(), layout)
+    plan = torch.arange(2 * 10, dtype=torch.long).view(2, 10)
+    back = decode(to_bytes(StepMessage(KIND_GREEDY_SPEC, [GroupStep(step, None, 1, plan), GroupStep(step, None, 0)],
+                                       gather_rows=2)))
+    assert back.kind == KIND_GREEDY_SPEC
+    assert back.groups[0].plan.dtype == torch.long and torch.equal(back.groups[0].plan, plan)
+    assert back.groups[1].plan is None
+    _same(back.groups[0].step, step)
+
+
 def test_ring_passes_messages_in_order_and_holds_back_the_writer():
     ring = StepRing.create(num_slots=2, slot_size=1 << 16, num_readers=2)
     try:
@@ -131,6 +144,26 @@ def test_split_groups_by_slot_with_equal_rows():
     assert buckets[0].num_tokens == buckets[1].num_tokens == 16
     with pytest.raises(ValueError, match="scratch slot"):
         split_groups([_chunk(0, 0, 1)], 2)
+
+
+def test_data_parallel_groups_get_buckets_of_one_token_count():
+    """BucketSpec.common_buckets: a group of two verification rows and one of a short verification row
+    (its group padding would be a placeholder longer than a verification row, a prompt bucket) both run
+    the verification bucket; a group with a prompt chunk takes every group to the prompt bucket; a
+    group without rows takes the others' count; decode-only groups keep decode buckets."""
+    spec = BucketSpec(batch=(4,), contexts=None, prefill_tokens=(64,), max_model_len=64, verify_tokens=4)
+    verify = [[_chunk(2, 9, 2)], [_chunk(1, 9, 4), _chunk(3, 12, 4)]]
+    assert spec.select(split_groups([verify[1][0], verify[0][0], verify[1][1]], 2)[0][0]).num_tokens == 64
+    b = spec.common_buckets(verify)
+    assert [x.num_tokens for x in b] == [16, 16] and b[1] == spec.select(verify[1])
+    prompt = spec.common_buckets([[_chunk(2, 0, 10)], [_chunk(1, 9, 4)]])
+    assert [x.num_tokens for x in prompt] == [64, 64]
+    empty = spec.common_buckets([[], [_chunk(1, 9, 4), _chunk(3, 12, 4)]])
+    assert [x.num_tokens for x in empty] == [16, 16]
+    decode = spec.common_buckets([[_chunk(2, 9, 1)], [_chunk(1, 9, 1), _chunk(3, 9, 1)]])
+    assert all(x.num_seqs == x.num_tokens == 4 for x in decode)
+    # a group no bucket holds (a 70-token chunk, prompt buckets of 64): every group eager
+    assert spec.common_buckets([[_chunk(2, 0, 70)], [_chunk(1, 9, 4)]]) == [None, None]
 
 
 def test_draft_blocks_round_trip_and_pad_groups_with_placeholder_rows():

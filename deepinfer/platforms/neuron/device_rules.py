@@ -175,7 +175,8 @@ RULES: tuple[Rule, ...] = (
          'no broadcast: host metadata through shared memory',
          'tests/unit/test_step_ring.py::test_ring_passes_messages_in_order_and_holds_back_the_writer'),
     Rule('E9',
-         "the bucket chosen from values synced across the group (the driver's)",
+         "the bucket chosen from values synced across the group (the driver's), one token count for every "
+         "data-parallel group",
          'tests/process/test_multi_rank_engine.py::test_tokens_equal_single_rank'),
     Rule('F1',
          'traced code reads no layer id: one compiled entry per layer kind',

@@ -48,6 +48,12 @@ class RunnerStrategy:
         (executor/step_fanout.py) before `to_device`."""
         return build_step_inputs(chunks, self.layout), None
 
+    def group_buckets(self, groups: list[list[SeqChunk]]) -> list[Bucket | None] | None:
+        """The bucket of each data-parallel group's share of one step, all of one token count (None in
+        the list: every group eager), for `prepare_host(chunks, bucket)`; None: each group's
+        `prepare_host(chunks)` selects its own (no buckets here)."""
+        return None
+
     def to_device(self, step: StepInputs, bucket: Bucket | None) -> StepInputs:
         """The host-built step where `forward` reads it (one copy per step), after its host stage."""
         return step_to(host_inputs(self.model, step), self.device)
@@ -80,12 +86,13 @@ class RunnerStrategy:
 
     @property
     def greedy_spec_on_device(self) -> bool:
-        """Whether `greedy_spec_step` can run a greedy speculative step as one device program."""
+        """Whether a greedy speculative step can run as one device program (`greedy_spec_inputs`,
+        `greedy_spec_to_device`, `forward_greedy_spec`: neuron_regions.py); here the host verifies and
+        the draft block is a second program (spec/decoder.py)."""
         return False
 
-    def greedy_spec_step(self, chunks: list[SeqChunk], plan, cache):
-        """A greedy speculative step run as one device program (spec/greedy_step.py GreedySpecOutput),
-        or None: here the host verifies and the draft block is a second program (spec/decoder.py)."""
+    def greedy_spec_inputs(self, chunks: list[SeqChunk], num_rows: int, bucket: Bucket | None = None):
+        """(host StepInputs, bucket, block rows) of such a step, or None: the host verifies."""
         return None
 
     def warm_up(self, cache) -> int:

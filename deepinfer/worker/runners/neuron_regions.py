@@ -31,7 +31,7 @@ from deepinfer.model_executor.models.v4_common import StepContext
 from deepinfer.model_executor.static_step import Bucket, BucketSpec, draft_block_tokens
 from deepinfer.platforms.neuron import compile_cache
 from deepinfer.platforms.neuron.compile_plan import exit_logits_rows, greedy_spec_rows, step_class
-from deepinfer.spec.greedy_step import GreedySpecOutput, GreedySpecPlan, verify_and_draft
+from deepinfer.spec.greedy_step import GreedySpecPlan, verify_and_draft
 from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,15 @@ class PackedStep:
     # the bucket's layout (and the entry graph)
     logits_indices: torch.Tensor | None = None
     draft_rows: int = 0   # of a draft block: its rows (sequences), the first draft_rows x B tokens
+
+
+@dataclass
+class GreedySpecInputs:
+    """A greedy speculative step on the device (spec/greedy_step.py): the step's buffer and the plan's
+    rows, views of one copy."""
+    packed: PackedStep
+    meta: torch.Tensor   # int64 [rows, 2B + 4]
+    rows: int            # the draft block's rows (a verification row bucket)
 
 
 def _entry(model, buf, layout, cache):
@@ -118,8 +127,11 @@ class NeuronRegionStrategy(RunnerStrategy):
         """B: the DSpark draft block's tokens per row (the verification rows' 1 + B, less one)."""
         return max(0, self.buckets.verify_tokens - 1)
 
-    def prepare_host(self, chunks: list[SeqChunk]) -> tuple[StepInputs, Bucket | None]:
-        bucket = self.select_bucket(chunks)
+    def group_buckets(self, groups: list[list[SeqChunk]]) -> list[Bucket | None]:
+        return self.buckets.common_buckets(groups)
+
+    def prepare_host(self, chunks: list[SeqChunk], bucket: Bucket | None = None) -> tuple[StepInputs, Bucket | None]:
+        bucket = bucket or self.select_bucket(chunks)
         if bucket is None:
             return build_step_inputs(chunks, self.layout), None
         rows = exit_logits_rows(bucket, self.buckets)
@@ -271,36 +283,38 @@ class NeuronRegionStrategy(RunnerStrategy):
     def greedy_spec_on_device(self) -> bool:
         return self.regions is not None and self.drafts > 0
 
-    @torch.inference_mode()
-    def greedy_spec_step(self, chunks: list[SeqChunk], plan, cache) -> GreedySpecOutput | None:
-        """A verification step whose sampling rows are all greedy (spec/decoder.py decides), run as one
-        device program: the forward's regions, then the `verify_draft` region (acceptance and the next
-        draft block); one copy in (the step's buffer with the plan's rows) and one out. None where the
-        step is not in a verification bucket with a compiled exit (a planned `verify_draft` graph):
-        the decoder then verifies on the host."""
+    def greedy_spec_inputs(self, chunks: list[SeqChunk], num_rows: int,
+                           bucket: Bucket | None = None) -> tuple[StepInputs, Bucket, int] | None:
+        """(host StepInputs, bucket, block rows) of a verification step whose `num_rows` sampling rows are
+        all greedy (spec/decoder.py decides), to run as one device program: the forward's regions, then
+        the `verify_draft` region (acceptance and the next draft block). None where the step is not in a
+        verification bucket with a compiled exit (a planned `verify_draft` graph): the decoder then
+        verifies on the host. On a model over ranks each data-parallel group asks with the largest
+        group's row count, so every group runs the same block rows (its MoE collectives), and with the
+        bucket the driver chose for it (BucketSpec.common_buckets)."""
         if not self.greedy_spec_on_device:
             return None
-        bucket = self.select_bucket(chunks)
-        rows = None if bucket is None else greedy_spec_rows(bucket, self.buckets, len(plan))
+        bucket = bucket or self.select_bucket(chunks)
+        rows = None if bucket is None else greedy_spec_rows(bucket, self.buckets, num_rows)
         if rows is None:
             return None
-        step, bucket = self.prepare_host(chunks)
+        step, bucket = self.prepare_host(chunks, bucket)
         if step.logits_indices.numel() != exit_logits_rows(bucket, self.buckets):
             return None
-        return GreedySpecOutput.parse(self._run_greedy_spec(step, bucket, plan, rows, cache), len(plan), self.drafts)
+        return step, bucket, rows
 
-    def _run_greedy_spec(self, step: StepInputs, bucket: Bucket, plan, rows: int, cache) -> torch.Tensor:
+    def greedy_spec_to_device(self, step: StepInputs, bucket: Bucket, meta: torch.Tensor) -> GreedySpecInputs:
+        """One copy in: the step's metadata, then the plan's rows (GreedySpecPlan.meta), one buffer whose
+        views go to the two graphs."""
         step = host_inputs(self.model, step)
         if self.census is not None:
             self.census.open_step(f"verify_draft {bucket.num_tokens}x{bucket.context}")
             self.census.phase("step")
-        # one buffer: the step's metadata, then the plan's rows (views of it go to the two graphs)
         buf, layout = step_pack.pack(step)
-        meta = plan.meta(rows)
         both = torch.cat([buf, meta.reshape(-1)]).to(self.platform.device, non_blocking=True)
         self._copied(1)
-        packed = PackedStep(both[:buf.numel()], layout, True)
-        return self._forward_greedy_spec(packed, both[buf.numel():].view(meta.shape), cache, bucket, rows)
+        return GreedySpecInputs(PackedStep(both[:buf.numel()], layout, True), both[buf.numel():].view(meta.shape),
+                                int(meta.shape[0]))
 
     def greedy_spec_buckets(self) -> list[tuple[Bucket, int]]:
         """(verification bucket, block rows) of every planned `verify_draft` graph, at the largest context
@@ -315,11 +329,13 @@ class NeuronRegionStrategy(RunnerStrategy):
         bucket's forward and its `verify_draft` region, scratch slot only."""
         step = self.buckets.static_step([], bucket, self.layout, logits_rows=exit_logits_rows(bucket, self.buckets))
         plan = GreedySpecPlan([], [], [], [], [], self.drafts)
-        return self._run_greedy_spec(step, bucket, plan, rows, cache)
+        return self.forward_greedy_spec(self.greedy_spec_to_device(step, bucket, plan.meta(rows)), cache, bucket)
 
     @torch.inference_mode()   # as `forward`: the regions' graphs are traced under inference mode
-    def _forward_greedy_spec(self, packed: PackedStep, meta, cache, bucket: Bucket, rows: int) -> torch.Tensor:
-        noise = int(self.model.cfg.dspark_noise_token_id)
+    def forward_greedy_spec(self, inputs: GreedySpecInputs, cache, bucket: Bucket) -> torch.Tensor:
+        """fp32 [rows, 3B + 2] (spec/greedy_step.verify_and_draft) of every plan row, placeholders last;
+        one copy back."""
+        noise, packed, meta, rows = int(self.model.cfg.dspark_noise_token_id), inputs.packed, inputs.meta, inputs.rows
         with self._counting():
             logits = self._compiled_forward(packed, cache, self._hook(self._layer_hook(bucket)))
             if self.census is not None:
