@@ -9,7 +9,9 @@ than its weights. So the ranks of one host share one copy:
    the store. The name holds a random per-run token, never a pid (a follower does not share its
    parent's, and a pid is reused);
 2. every other local rank opens the segment (its size checked against the model's), maps it read-only
-   and counts itself in the store;
+   and counts itself in the store; a rank that cannot (its model differs: another platform or weight
+   format) says so in the store, and the creator, polling for the count, fails at once with its reason
+   instead of waiting out its timeout;
 3. once all local ranks have mapped it, the creator unlinks it: from then on nothing of ours is in
    /dev/shm, whichever process dies later, and the memory goes when the last mapping does. The table
    is filled only after that (through the creator's writable mapping), so the window in which a
@@ -244,12 +246,19 @@ class SharedEngramTables:
     def _ready_key(self) -> str:
         return f"deepinfer/engram_tables/{self._attach_id}/node{self.layout.node_rank}/ready"
 
+    def _failed_key(self) -> str:
+        """Set by a local rank whose mapping failed (a size mismatch: its model differs from the creator's)."""
+        return f"deepinfer/engram_tables/{self._attach_id}/node{self.layout.node_rank}/failed"
+
     def _wait_count(self, key: str, want: int, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s
         while True:
             got = self.store.add(key, 0)
             if got >= want:
                 return
+            if self.store.check([self._failed_key()]):
+                raise RuntimeError(f"Engram tables of node {self.layout.node_rank}: "
+                                   f"{self.store.get(self._failed_key()).decode()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {got} of the {want} other local ranks of node {self.layout.node_rank} "
                                    f"{what} within {self.timeout_s:.0f} s")
@@ -282,6 +291,14 @@ class SharedEngramTables:
         fill_wait = timedelta(seconds=self.fill_timeout_s)
         ro = {}
         self.store.add(self._ready_key(), 1)
+        try:
+            return self._map(tables, wait, fill_wait, ro)
+        except BaseException as e:
+            # the creator waits for this rank to map: tell it at once instead of letting it time out
+            self.store.set(self._failed_key(), f"local rank {self.layout.local_rank}: {e}".encode())
+            raise
+
+    def _map(self, tables: list[TableLayout], wait: timedelta, fill_wait: timedelta, ro: dict) -> dict:
         for table in tables:
             name = self._get(self._key(table, "name"), wait, table, "publish its segment").decode()
             if name.startswith(_FAILED):
@@ -300,7 +317,8 @@ class SharedEngramTables:
                 size = os.fstat(fd).st_size
                 if size != table.nbytes:
                     raise RuntimeError(f"Engram table {table.module}: shared segment {name} holds {size} bytes, "
-                                       f"this rank's model needs {table.nbytes}")
+                                       f"this rank's model needs {table.nbytes} (the ranks built different models: "
+                                       f"every rank must run the same platform, dtype and weight format)")
                 mm = mmap.mmap(fd, table.nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
             finally:
                 os.close(fd)

@@ -125,6 +125,16 @@ def test_rank_that_never_maps_fails_the_host_and_leaves_nothing(tiny_v41_dir, tm
     assert "failed: only 1 of the 2" in follower, follower
 
 
+def test_a_rank_with_another_model_fails_the_host_at_once(tiny_v41_dir, tmp_path, shm_clean):
+    """Rank 2 builds dense tables where the creator made packed ones: it cannot map them and says so in
+    the store, so the creator fails with its reason at once (a 600 s table timeout, while the ranks
+    are given 120 s to exit) and every rank exits with an error; nothing is left in /dev/shm."""
+    codes, logs = _run_ranks(3, tiny_v41_dir, tmp_path, "cpu", "packed", mode="mismatch", timeout_s=600.0)
+    assert codes == [2, 2, 2], logs
+    creator = (tmp_path / "rank0.err").read_text()
+    assert "local rank 2: " in creator and "the ranks built different models" in creator, creator
+
+
 def test_single_rank_shares_nothing():
     assert SharedEngramTables.for_layout(ParallelLayout()) is None
     # two nodes of one rank each: every rank is alone on its host

@@ -4,7 +4,8 @@ model with its Engram tables mapped from the host's shared memory, and saves wha
     python -m tests.support.shared_tables_rank RANK WORLD MODEL_DIR OUT_DIR PLATFORM WEIGHT_FORMAT MODE TIMEOUT_S
 
 MODE: "ok"; "die_after_map" (the last rank SIGKILLs itself once its model holds the mapped tables);
-"die_before_map" (the last rank exits before building its model, so it never maps)."""
+"die_before_map" (the last rank exits before building its model, so it never maps); "mismatch" (the
+last rank builds the other weight format, so its tables have another size than the creator's)."""
 import os
 import signal
 import sys
@@ -62,6 +63,8 @@ def main(rank, world, model_dir, out_dir, platform, weight_format, mode, timeout
     last = rank == world - 1
     if mode == "die_before_map" and last:
         os._exit(3)
+    if mode == "mismatch" and last:
+        weight_format = "dense" if weight_format == "packed" else "packed"
     cfg = ModelConfig.from_pretrained(model_dir)
     try:
         model = build_model(cfg, model_dir, torch.float32, progress=False, platform=make_platform(platform),
