@@ -284,3 +284,20 @@ def test_neuron_host_mode_matrix(tiny_v4_dir, tmp_path):
         assert r["platform"]["name"] == "neuron" and r["platform"]["is_host_mode"]
         assert "eager" not in r["buckets"]["steps_per_bucket"]
         assert r["buckets"]["graphs_compiled_while_measuring"] == 0
+
+
+@pytest.mark.slow
+def test_neuron_host_mode_speculative_cells(tiny_v41_dir, tmp_path):
+    """Host-mode Neuron with drafts: greedy speculative steps run as one device program
+    (spec/greedy_step.py), which picks its own bucket; the bench's bucket count follows them."""
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "neuron" / "bench_neuron.py"),
+                           "--model", str(tiny_v41_dir), "--input-lens", "8", "--output-lens", "6",
+                           "--concurrency", "1", "--num-prompts", "2", "--nextn", "3", "--accelerator", "neuron",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (r,) = json.loads(out.read_text())["records"]
+    assert r["nextn"] == 3 and r["completed"] == 2 and r["failed"] == 0
+    assert r["spec_decode"]["draft_tokens"] > 0
+    assert "eager" not in r["buckets"]["steps_per_bucket"]

@@ -68,8 +68,8 @@ class OfflineDriver:
         strategy = self.engine.worker.runner.strategy
         prepare = strategy.prepare_host
 
-        def counting_prepare(chunks):
-            step, bucket = prepare(chunks)
+        def counting_prepare(chunks, *bucket_chosen):   # a greedy speculative step passes its bucket
+            step, bucket = prepare(chunks, *bucket_chosen)
             key = "eager" if bucket is None else f"T{bucket.num_tokens}xC{bucket.context}"
             self.step_buckets[key] += 1
             return step, bucket
