@@ -4,8 +4,9 @@ executor/step_fanout.py `prepare_greedy_spec`, `prepare_draft(greedy=True)`).
 Neuron host mode (region graphs), tiny V4.1, greedy rows with oracle drafts (the plain continuation,
 some depths corrupted: accepted runs and rejections): over cp 2 (two lanes, the LM head split by
 vocabulary: the acceptance's argmax reads the slices gathered in the graph) and ep 2 (two data-parallel
-groups holding 2 and 1 sequences: each group gets its share of the plan, padded to the same block rows,
-and the driver reads every row back in plan order), every speculative decode step runs as one program
+groups holding 2 and 1 sequences, the single one stopping early: each group gets its share of the
+plan, padded to the same block rows, an empty group placeholders only, and the driver reads every row
+back in plan order), every speculative decode step runs as one program
 on every rank, with one copy each way and no eager op on the driver, and the tokens are the plain
 single-rank greedy tokens; the drafts after the prompt (argmax heads in the draft block's program on
 every rank) are the single-rank ones.
@@ -25,7 +26,8 @@ from tests.support.spec_runs import oracle_drafts
 ENGINE = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, skip_tokenizer_init=True,
               dtype="float32")
 PROMPTS = [{"prompt_token_ids": [0] + list(range(7, 7 + n))} for n in (3, 9, 14)]
-GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+# the middle sequence (alone in its group at ep 2) stops early: its group then verifies no row at all
+GREEDY = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (10, 3, 10)]
 DRAFTS = 3
 
 
