@@ -129,23 +129,26 @@ class SharedEngramTables:
     default leaves room for ranks that reach `attach` minutes apart after loading their own weights.
     The other ranks wait twice as long for a segment name (so the creator's own timeout reaches them
     as its error, not as theirs) and `fill_timeout_s` for the fill (the creator reads the tables
-    from the checkpoint meanwhile)."""
+    from the checkpoint meanwhile). check: called while waiting, raises to end the wait (an engine's
+    rank watchdog saw a rank die: executor/rank_bootstrap.py passes LocalRanks.raise_if_failed)."""
 
-    def __init__(self, layout, store=None, timeout_s: float = 900.0, fill_timeout_s: float = 3600.0):
+    def __init__(self, layout, store=None, timeout_s: float = 900.0, fill_timeout_s: float = 3600.0,
+                 check=None):
         if layout.ranks_per_node < 2:
             raise ValueError("SharedEngramTables: one rank on its host has nothing to share "
                              "(use SharedEngramTables.for_layout, which returns None then)")
         self.layout = layout
         self.store = store if store is not None else _default_store()
         self.timeout_s = float(timeout_s)
+        self.check = check or (lambda: None)
         self.fill_timeout_s = float(fill_timeout_s)
         self.segment_names: dict[str, str] = {}   # table module -> segment name (kept for reports and tests)
         self._mappings: list[mmap.mmap] = []
         self._shared_ptrs: set[int] = set()
 
     @classmethod
-    def for_layout(cls, layout, store=None, timeout_s: float = 900.0) -> "SharedEngramTables | None":
-        return cls(layout, store, timeout_s) if layout.ranks_per_node > 1 else None
+    def for_layout(cls, layout, store=None, timeout_s: float = 900.0, check=None) -> "SharedEngramTables | None":
+        return cls(layout, store, timeout_s, check=check) if layout.ranks_per_node > 1 else None
 
     @property
     def is_creator(self) -> bool:
@@ -259,6 +262,7 @@ class SharedEngramTables:
             if self.store.check([self._failed_key()]):
                 raise RuntimeError(f"Engram tables of node {self.layout.node_rank}: "
                                    f"{self.store.get(self._failed_key()).decode()}")
+            self.check()   # a rank that died without a word (killed) ends the wait through its watchdog
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {got} of the {want} other local ranks of node {self.layout.node_rank} "
                                    f"{what} within {self.timeout_s:.0f} s")
@@ -333,12 +337,13 @@ class SharedEngramTables:
         return ro
 
     def _get(self, key: str, wait: timedelta, table: TableLayout, what: str) -> bytes:
-        try:
-            self.store.wait([key], wait)
-        except Exception as e:  # the store's own timeout error does not say what was awaited
-            raise RuntimeError(f"Engram table {table.module}: the creating rank (local rank 0 of node "
-                               f"{self.layout.node_rank}) did not {what} within {wait.total_seconds():.0f} s "
-                               f"({e})") from e
+        deadline = time.monotonic() + wait.total_seconds()
+        while not self.store.check([key]):   # polled, so that `check` can end the wait
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Engram table {table.module}: the creating rank (local rank 0 of node "
+                                   f"{self.layout.node_rank}) did not {what} within {wait.total_seconds():.0f} s")
+            self.check()
+            time.sleep(0.01)
         return self.store.get(key)
 
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from deepinfer.distributed import launch
+from deepinfer.distributed.shared_tables import SharedEngramTables
 from deepinfer.distributed.step_channel import StepChannel
 from deepinfer.distributed.step_ring import StepRing
 from deepinfer.executor.local_ranks import LocalRanks, init_rank
@@ -49,8 +50,10 @@ def start_rank(role: str, model_config, engine_config, platform, store, *, rank:
         layout, groups, host_group = init_rank(engine_config, rank, local_rank, platform)
     channel = StepChannel(role, host_group=host_group, check=check)
     fanout = StepFanout(layout, groups, channel)
+    # the host's shared Engram tables wait for the other local ranks: a rank's death ends the wait
+    tables = SharedEngramTables.for_layout(layout, check=check)
     worker = Worker(model_config, engine_config, rank=local_rank, parallel=groups, transport=fanout,
-                    platform=platform)
+                    platform=platform, shared_tables=tables if tables is not None else False)
     if ranks is not None:
         ranks.attach_ring(channel, worker.runner.strategy, layout.dp)
     else:

@@ -108,11 +108,11 @@ def prefix_caching_supported(engine_config, strategy_cls, log: bool = True) -> b
 
 class Worker:
     def __init__(self, model_config, engine_config, model: DeepseekV4Model | None = None, strategy_cls=None,
-                 platform=None, rank: int = 0, parallel=None, transport=None, **strategy_kw):
+                 platform=None, rank: int = 0, parallel=None, transport=None, shared_tables=None, **strategy_kw):
         """strategy_cls / strategy_kw: a runner strategy other than the platform's (tests).
         rank: the local rank (the device index on this host). parallel: the rank's ParallelGroups and
         transport its StepFanout (executor/step_fanout.py) when the model runs on several ranks
-        (worker/step_transport.py; one rank by default)."""
+        (worker/step_transport.py; one rank by default); shared_tables: build_model's (None: its default)."""
         self.model_config = model_config
         self.engine_config = engine_config
         self.platform = platform or current_platform()
@@ -130,7 +130,7 @@ class Worker:
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
                                                                  progress=progress, platform=self.platform,
                                                                  weight_format=self.weight_format,
-                                                                 parallel=parallel)
+                                                                 parallel=parallel, shared_tables=shared_tables)
         cfg = model_config
         self.num_speculative_tokens = int(engine_config.num_speculative_tokens)
         extra_rows = cache_engine.speculative_ring_rows(self.num_speculative_tokens)

@@ -3,6 +3,7 @@ killed, a follower host that cannot start. Real processes; /dev/shm is checked a
 (conftest.no_ring_segment_left)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -111,3 +112,39 @@ def test_follower_host_with_a_missing_checkpoint_fails_the_start(tiny_v4_dir, tm
         if node1.poll() is None:
             node1.kill()
             node1.wait()
+
+
+def test_follower_killed_while_the_driver_waits_for_the_engram_tables(tiny_v41_dir, monkeypatch):
+    """ep 2 on one host: the driver creates the shared Engram tables and waits for rank 1 to reach and
+    map them; rank 1 is SIGKILLed then (no chance to say why). The rank watchdog sees the death and the
+    wait ends with a RankFailure naming rank 1, not after the tables' 900 s timeout; nothing is left."""
+    from deepinfer.distributed.shared_tables import SharedEngramTables
+    real, killed = SharedEngramTables._wait_count, []
+
+    def wait_count(self, key, want, what):
+        if not killed:
+            for pid in _children():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return real(self, key, want, what)
+    monkeypatch.setattr(SharedEngramTables, "_wait_count", wait_count)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+        LLM(str(tiny_v41_dir), **ENGINE, expert_parallel_size=2)
+    assert killed and time.monotonic() - t0 < 120
+    assert not any(alive(p) for p in killed)
+
+
+def _children() -> list[int]:
+    """Pids of this process's live child processes (the engine's followers)."""
+    me, out = str(os.getpid()), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                out.append(int(entry))
+    return out
