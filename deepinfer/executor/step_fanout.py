@@ -55,8 +55,9 @@ class FanoutStep:
     message: StepMessage | None     # the driver's whole step (None on a follower)
     gather_rows: int                # logits rows every group leader contributes
     order: torch.Tensor | None = None  # driver, dp > 1: gathered row of each real logits row, chunk order
-    kind: int = KIND_STEP           # KIND_STEP (a main forward), KIND_DRAFT (a draft block) or
-    #                                 KIND_GREEDY_SPEC (a greedy verification step and its next draft block)
+    kind: int = KIND_STEP           # KIND_STEP (a main forward), KIND_DRAFT / KIND_DRAFT_GREEDY (a draft
+    #                                 block: its rows / its argmax drafts) or KIND_GREEDY_SPEC (a greedy
+    #                                 verification step and its next draft block)
 
 
 def split_groups(chunks: list[SeqChunk], dp: int) -> tuple[list[list[SeqChunk]], list[list[int]]]:
@@ -162,8 +163,8 @@ class StepFanout:
 
     def prepare_greedy_spec(self, strategy, chunks: list[SeqChunk], plan) -> PreparedStep | None:
         """A greedy verification step as one device program on every rank (spec/greedy_step.py), shared
-        out like a step (each group its chunks, padded to the same token count) with each group's share
-        of the plan; every group runs the same block rows (those of the largest group's plan), and the
+        out like a step (each group its real chunks, in a bucket of the token count common to all groups:
+        BucketSpec.common_buckets) with each group's share of the plan; every group runs the same block rows (those of the largest group's plan), and the
         group leaders all-gather their [rows, 3B + 2] outputs, which `gather` puts in plan order. None
         where a group's step is not a greedy speculative step the strategy can run (the host verifies;
         nothing was published)."""

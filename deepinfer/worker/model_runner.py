@@ -194,10 +194,11 @@ class ModelRunner:
         return self.execute_draft_greedy(prepared)
 
     def execute_draft_greedy(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor]:
-        drafts, conf = self.strategy.forward_draft_greedy(prepared.step, self.cache)
-        b = drafts.shape[1]
-        # this rank's real rows (placeholder rows come last), then every group's in block order
-        rows = self.transport.gather(prepared, torch.cat([drafts.float(), conf], dim=1)[: prepared.num_logits])
+        out = self.strategy.forward_draft_greedy(prepared.step, self.cache)
+        b = out.shape[1] // 2
+        # this rank's real rows (placeholder rows come last), then every group's in block order, gathered
+        # on the device; the host's one copy
+        rows = self.transport.gather(prepared, out[: prepared.num_logits]).cpu()
         return rows[:, :b].long(), rows[:, b:]
 
     @torch.inference_mode()
@@ -220,7 +221,7 @@ class ModelRunner:
 
     def execute_greedy_spec(self, prepared: PreparedStep) -> torch.Tensor:
         out = self.strategy.forward_greedy_spec(prepared.step, self.cache, prepared.bucket)
-        return self.transport.gather(prepared, out)
+        return self.transport.gather(prepared, out).cpu()   # gathered on the device, then the one copy
 
     @property
     def greedy_spec_on_device(self) -> bool:

@@ -261,10 +261,11 @@ class NeuronRegionStrategy(RunnerStrategy):
         return self.regions is not None and self.drafts > 0
 
     @torch.inference_mode()
-    def forward_draft_greedy(self, step, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """(drafts [R, B] int64, confidences [R, B] fp32) of a draft block whose rows all draft by
-        argmax: the per-depth heads run inside the block's region and only these come back (one copy).
-        A block that fits no row bucket runs the same function eagerly."""
+    def forward_draft_greedy(self, step, cache) -> torch.Tensor:
+        """fp32 [R, 2B] = [drafts (exact fp32 integers) | confidences] of a draft block whose rows all
+        draft by argmax, on the device: the per-depth heads run inside the block's region and only this
+        comes back (one copy, ModelRunner.execute_draft_greedy, after the group leaders' gather). A
+        block that fits no row bucket runs the same function eagerly."""
         b = self.drafts
         with self._counting():
             if isinstance(step, PackedStep):
@@ -274,9 +275,7 @@ class NeuronRegionStrategy(RunnerStrategy):
                 first = step.input_ids.view(-1, b)[:, 0]
                 out = torch.cat([t.float() for t in greedy_drafts(self.model, hidden, base, first, b)], dim=1)
             self._returned(1)
-        if out.device.type not in ("cpu", "meta"):   # meta: the device report
-            out = out.cpu()   # host work from here: the copy back is the only device op
-        return out[:, :b].long(), out[:, b:]
+        return out
 
     # -- greedy speculative steps on the device (spec/greedy_step.py) ----------------------------
     @property
@@ -333,8 +332,9 @@ class NeuronRegionStrategy(RunnerStrategy):
 
     @torch.inference_mode()   # as `forward`: the regions' graphs are traced under inference mode
     def forward_greedy_spec(self, inputs: GreedySpecInputs, cache, bucket: Bucket) -> torch.Tensor:
-        """fp32 [rows, 3B + 2] (spec/greedy_step.verify_and_draft) of every plan row, placeholders last;
-        one copy back."""
+        """fp32 [rows, 3B + 2] (spec/greedy_step.verify_and_draft) of every plan row, placeholders last,
+        on the device: the one copy back is ModelRunner.execute_greedy_spec's, after the group leaders'
+        gather."""
         noise, packed, meta, rows = int(self.model.cfg.dspark_noise_token_id), inputs.packed, inputs.meta, inputs.rows
         with self._counting():
             logits = self._compiled_forward(packed, cache, self._hook(self._layer_hook(bucket)))
@@ -344,7 +344,7 @@ class NeuronRegionStrategy(RunnerStrategy):
             out = self._region("verify_draft", verify_and_draft, self.model, logits, meta, cache, self.layout, noise,
                                self.draft_tokens(rows))
             self._returned(1)
-        return out if out.device.type in ("cpu", "meta") else out.cpu()   # meta: the device report
+        return out
 
     def _layer_hook(self, bucket: Bucket):
         """The region runner's per-layer hook of a bucketed step (regions.RegionRunner.hook)."""
