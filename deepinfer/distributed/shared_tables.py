@@ -343,7 +343,8 @@ class SharedEngramTables:
                 raise RuntimeError(f"Engram table {table.module}: the creating rank (local rank 0 of node "
                                    f"{self.layout.node_rank}) did not {what} within {wait.total_seconds():.0f} s")
             self.check()
-            time.sleep(0.01)
+            # up to an hour (the fill) for up to 63 ranks of a host: a coarser poll than the creator's
+            time.sleep(0.05)
         return self.store.get(key)
 
 

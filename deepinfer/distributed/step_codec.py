@@ -4,10 +4,11 @@ A message is a small header, a JSON description, then the raw bytes of every ten
 
     "DIST" | kind u32 | json length u32 | json | tensor bytes (each 8-byte aligned)
 
-The JSON holds the message's fields (kind STEP, DRAFT, DRAFT_GREEDY, GREEDY_SPEC or SHUTDOWN, the logits rows every
-group pads to for the gather) and, per data-parallel group, its bucket, its real logits rows, its
-StepInputs and (GREEDY_SPEC) its plan rows as a tree: dataclasses (StepInputs, CompressMeta) by name, dicts with tuple keys (the compressor metadata
-is keyed by (ratio, ring, overlap)), tensors as [dtype, shape, offset, nbytes], plain values as is.
+The JSON holds the message's fields (kind STEP, DRAFT, DRAFT_GREEDY, GREEDY_SPEC or SHUTDOWN, the
+logits rows every group pads to for the gather) and, per data-parallel group, its bucket, its real
+logits rows, its StepInputs and (GREEDY_SPEC) its plan rows as a tree: dataclasses (StepInputs,
+CompressMeta) by name, dicts with tuple keys (the compressor metadata is keyed by (ratio, ring,
+overlap)), tensors as [dtype, shape, offset, nbytes], plain values as is.
 The tree is walked generically, so a field added to StepInputs travels without a change here.
 """
 from __future__ import annotations

@@ -51,9 +51,9 @@ def start_rank(role: str, model_config, engine_config, platform, store, *, rank:
     channel = StepChannel(role, host_group=host_group, check=check)
     fanout = StepFanout(layout, groups, channel)
     # the host's shared Engram tables wait for the other local ranks: a rank's death ends the wait
-    tables = SharedEngramTables.for_layout(layout, check=check)
+    tables = SharedEngramTables.for_layout(layout, check=check) or False   # False: alone on its host
     worker = Worker(model_config, engine_config, rank=local_rank, parallel=groups, transport=fanout,
-                    platform=platform, shared_tables=tables if tables is not None else False)
+                    platform=platform, shared_tables=tables)
     if ranks is not None:
         ranks.attach_ring(channel, worker.runner.strategy, layout.dp)
     else:

@@ -22,11 +22,11 @@ largest group), and the group leaders all-gather [hidden_pre | base logits] per 
 samples the drafts (ModelRunner.draft, `gather_draft`); followers run it through
 `ModelRunner.execute_draft`. When every row drafts by argmax the heads run in the block's program on
 every rank and only [drafts | confidences] a sequence is gathered (`prepare_draft(greedy=True)`,
-ModelRunner.draft_greedy / execute_draft_greedy). A step whose sampling rows are all greedy can instead be one message and
-one device program on every rank (`prepare_greedy_spec`, spec/greedy_step.py): each group's verification
-step with its share of the plan; the group leaders all-gather the programs' outputs (tokens, accepted
-counts, next drafts) and the driver puts them in plan order; followers run it through
-`ModelRunner.execute_greedy_spec`.
+ModelRunner.draft_greedy / execute_draft_greedy). A step whose sampling rows are all greedy can
+instead be one message and one device program on every rank (`prepare_greedy_spec`,
+spec/greedy_step.py): each group's verification step with its share of the plan; the group leaders
+all-gather the programs' outputs (tokens, accepted counts, next drafts) and the driver puts them in
+plan order; followers run it through `ModelRunner.execute_greedy_spec`.
 
 The KV pools are full size on every rank, although a rank only ever holds its group's sequences:
 with dp > 1 that is dp times the memory the rows need (the scheduler has one block pool for all).
@@ -178,11 +178,13 @@ class StepFanout:
             buckets = strategy.group_buckets(per)   # one token count for all (BucketSpec.common_buckets)
             if buckets is None or None in buckets:
                 return None
+        # every group's bucket has one token count (common_buckets) and every group asks for the largest
+        # plan, so every group gets the same block rows
         most = max(len(p) for p in plans)
-        groups, rows = [], None
+        groups = []
         for g, p, b in zip(per, plans, buckets):
             got = strategy.greedy_spec_inputs(g, most, b)
-            if got is None or (rows is not None and (got[1].num_tokens, got[2]) != (groups[0].bucket.num_tokens, rows)):
+            if got is None:
                 return None
             step, bucket, rows = got
             groups.append(GroupStep(step, bucket, len(p), p.meta(rows)))

@@ -190,7 +190,6 @@ class BucketSpec:
         # so their own positions never need a larger context bucket than the real rows.
         return Bucket(num_seqs=n - (-(p - tokens) // ctx), num_tokens=p, context=ctx)
 
-
     def common_buckets(self, groups: list[list[SeqChunk]]) -> list[Bucket | None]:
         """One bucket per data-parallel group of a step (each group's real chunks, possibly none), all
         of one token count: every rank of an EP group feeds its MoE collectives (and a lane its
@@ -205,7 +204,9 @@ class BucketSpec:
             return [None] * len(groups)
         top = max((b for b in chosen if b is not None), key=lambda b: (b.num_tokens, b.num_seqs))
         t, ctx_any = top.num_tokens, max(b.context for b in chosen if b is not None)
-        if all(b is not None and b.num_tokens == t for b in chosen) and len({b.num_seqs == t for b in chosen}) == 1:
+        # a decode bucket has one token a row (num_seqs == num_tokens): its class is its own
+        if all(b is not None and b.num_tokens == t for b in chosen) and \
+                len({b.num_seqs == b.num_tokens for b in chosen}) == 1:
             return chosen
         decode = top.num_seqs == top.num_tokens and all(c.num_new == 1 for g in groups for c in g)
         verify = self.verify_tokens > 1 and t in {self.verify_bucket_tokens(r) for r in self.verify_batch}
@@ -220,8 +221,8 @@ class BucketSpec:
             if decode:
                 out.append(Bucket(num_seqs=t, num_tokens=t, context=ctx))
             elif b is not None and b.num_tokens == t and b.num_seqs != b.num_tokens:
-                out.append(b)
-            else:
+                out.append(b)   # its own bucket is already of the common count and class
+            else:   # the common count, placeholders for the rest (as select's prompt buckets)
                 extra = t - sum(c.num_new for c in g)
                 out.append(Bucket(num_seqs=len(g) - (-extra // ctx), num_tokens=t, context=ctx))
         return out

@@ -85,7 +85,7 @@ class GreedySpecPlan:
         for i in members:
             own[i] = row
             row += min(chunks[i].num_logits, chunks[i].num_new)
-        keep = sorted((r for r, i in enumerate(self.index) if i in own), key=lambda r: members.index(self.index[r]))
+        keep = sorted((r for r, i in enumerate(self.index) if i in own), key=lambda r: own[self.index[r]])
         return GreedySpecPlan([self.index[r] for r in keep],
                               [self.first[r] - start[self.index[r]] + own[self.index[r]] for r in keep],
                               [self.drafts[r] for r in keep], [self.slots[r] for r in keep],
