@@ -13,6 +13,7 @@ the launcher's `__main__`: an unguarded script or a server entry point stays saf
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -27,6 +28,9 @@ def _parent_check(parent_pid: int):
 
 
 def run_follower(rank: int, local_rank: int, parent_pid: int, config: dict) -> int:
+    # A native crash (SIGSEGV, SIGABRT from glibc's heap checks, SIGBUS) prints every thread's Python
+    # stack to stderr before the process dies: the driver's RankFailure names only the signal.
+    faulthandler.enable()
     from deepinfer.distributed import launch
     launch.set_parent_death_signal()
     if os.getppid() != parent_pid:   # the launcher died before the signal was armed
@@ -59,6 +63,7 @@ def run_follower(rank: int, local_rank: int, parent_pid: int, config: dict) -> i
 
 def run_host(engine_config) -> int:
     """`deepinfer follow`: the first rank of host node_rank, and the launcher of that host's others."""
+    faulthandler.enable()
     from deepinfer.config import ModelConfig
     from deepinfer.distributed import launch
     from deepinfer.engine_config import EngineConfig
