@@ -19,6 +19,7 @@ import socket
 KEY_DEVICE = "deepinfer/device"          # counter: ranks whose device is selected
 KEY_READY = "deepinfer/ready"            # counter: ranks whose Worker is built
 KEY_ERRORS = "deepinfer/num_errors"      # counter: ranks that reported an error
+KEY_PLATFORM = "deepinfer/platform"      # the driver's Platform.signature() as JSON
 
 
 def error_key(rank: int) -> str:
@@ -31,6 +32,11 @@ def ring_key(node: int) -> str:
 
 def ring_mapped_key(node: int) -> str:
     return f"deepinfer/ring/{node}/mapped"
+
+
+def ring_wanted_key(node: int) -> str:
+    """Counter: readers of host `node` that built their model and wait for its ring."""
+    return f"deepinfer/ring/{node}/wanted"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

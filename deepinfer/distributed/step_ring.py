@@ -16,8 +16,9 @@ a fence between the payload and the seq.
 The segment's name is random (never derived from a pid: a spawned child does not share its parent's)
 and travels through the torch.distributed store; `open` asserts the size and geometry it finds. The
 segment is reserved with posix_fallocate, so a /dev/shm too small for it fails at creation, not with
-a SIGBUS mid-run. Once every reader has mapped it, the last one unlinks it (counted through the store):
-from then on no crash can leave it behind.
+a SIGBUS mid-run. The launcher creates it only once every reader has built its model and waits for it
+(executor/local_ranks.py attach_ring), and the last reader to map it unlinks it (counted through the
+store): a crash can leave it behind only in the moment between the two.
 """
 from __future__ import annotations
 

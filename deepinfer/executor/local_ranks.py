@@ -134,9 +134,14 @@ class LocalRanks:
         return init_rank(self.config, self.first_rank, 0, platform)
 
     def attach_ring(self, channel: StepChannel, strategy, dp: int) -> None:
-        """Create this host's ring (sized by slot_bytes) for its readers and announce its name."""
+        """Create this host's ring (sized by slot_bytes) for its readers and announce its name, once
+        every reader has built its model and waits for it: a launcher killed before then (a start-up
+        stopped by hand, the OOM killer while a follower loads) leaves no segment in /dev/shm, and the
+        readers map the new ring at once (the last one unlinks it, distributed/step_ring.py)."""
         if self.per_node == 1:
             return
+        self.wait_count(launch.ring_wanted_key(self.node_rank), self.per_node - 1,
+                        "every rank of this host to build its model")
         self.ring = StepRing.create(RING_SLOTS, slot_bytes(strategy, self.config, dp), self.per_node - 1)
         self.store.set(launch.ring_key(self.node_rank), json.dumps({"name": self.ring.name, "size": self.ring.size}))
         channel.ring = self.ring

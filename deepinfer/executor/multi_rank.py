@@ -59,6 +59,7 @@ class MultiRankExecutor:
         ec = fixed_pool_config(model_config, ec)
         store = launch.open_store(ec.master_addr, ec.master_port, True, RENDEZVOUS_TIMEOUT_S)
         store.set("deepinfer/config", json.dumps(dataclasses.asdict(ec)))
+        store.set(launch.KEY_PLATFORM, json.dumps(platform.signature()))
         ranks = LocalRanks(ec, 0, store)
         try:
             ranks.spawn()

@@ -42,6 +42,8 @@ def start_rank(role: str, model_config, engine_config, platform, store, *, rank:
     spawned (None for a reader); check: raises to end a wait (a rank died, the launcher is gone)."""
     if (ranks is None) != (role == "reader"):
         raise ValueError(f"rank role {role!r}: the driver and host leaders start their host's ranks, readers do not")
+    if role != "driver":
+        check_platform(store, platform, rank)
     if ranks is not None:
         layout, groups, host_group = ranks.join(platform)
     else:
@@ -57,10 +59,24 @@ def start_rank(role: str, model_config, engine_config, platform, store, *, rank:
     if ranks is not None:
         ranks.attach_ring(channel, worker.runner.strategy, layout.dp)
     else:
+        # the host's ring is created once every reader has counted itself here (LocalRanks.attach_ring)
+        store.add(launch.ring_wanted_key(layout.node_rank), 1)
         channel.ring = _open_ring(store, layout.node_rank, local_rank - 1, check)
     if role != "driver":
         store.add(launch.KEY_READY, 1)
     return RankRuntime(layout, fanout, worker, groups, host_group)
+
+
+def check_platform(store, platform, rank: int) -> None:
+    """Raise unless this rank's platform signature is the driver's (launch.KEY_PLATFORM): ranks that
+    disagree would build other graphs or weights and meet in mismatched collectives (a hang, or worse)."""
+    driver = json.loads(store.get(launch.KEY_PLATFORM))
+    mine = json.loads(json.dumps(platform.signature()))
+    if mine != driver:
+        diff = "; ".join(f"{k}: driver {driver.get(k)!r}, this rank {mine.get(k)!r}"
+                         for k in sorted(set(driver) | set(mine)) if driver.get(k) != mine.get(k))
+        raise RuntimeError(f"rank {rank} runs another platform setup than the driver ({diff}): give every "
+                           f"rank the same DEEPINFER_* environment (docs/architecture.md §8)")
 
 
 def _open_ring(store, node: int, reader_index: int, check) -> StepRing:

@@ -36,6 +36,9 @@ class CpuPlatform(Platform):
                           max_model_len=engine_config.max_model_len,
                           verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0))
 
+    def signature(self) -> dict:
+        return {**super().signature(), "compile_backend": envs.get("DEEPINFER_CPU_COMPILE_BACKEND")}
+
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner
         return RegionRunner(backend=envs.get("DEEPINFER_CPU_COMPILE_BACKEND"), split="never")

@@ -50,5 +50,13 @@ class Platform:
         from deepinfer.model_executor.layers import kernel_table
         return kernel_table.reference(name)
 
+    def signature(self) -> dict:
+        """What must be the same on every rank of one model: the platform and every setting that
+        changes its graphs, kernels or weight layout. The driver publishes its own; a rank whose own
+        differs (another host's environment, or a process that changed DEEPINFER_* after its first
+        engine) stops at start-up with the difference (executor/rank_bootstrap.py)."""
+        return {"platform": self.name, "host_mode": bool(self.is_host_mode), "runner": self.runner_strategy,
+                "default_weight_format": self.default_weight_format, "fp8_max": float(self.fp8_max)}
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

@@ -148,3 +148,24 @@ def _children() -> list[int]:
             if fields[1] == me and fields[0] != "Z":
                 out.append(int(entry))
     return out
+
+
+def test_a_follower_on_another_platform_fails_the_start(tiny_v4_dir, monkeypatch):
+    """The driver resolved its platform (Neuron host mode) before the environment went back to CPU, so
+    its followers start on another platform: they would load other weights and run other graphs. The
+    first follower stops at start-up and LLM(...) fails naming the difference, instead of meeting the
+    driver in mismatched collectives."""
+    from deepinfer.platforms import current_platform, reset_platform
+    monkeypatch.setenv("DEEPINFER_ACCELERATOR", "neuron")
+    monkeypatch.setenv("DEEPINFER_NEURON_HOST", "1")
+    reset_platform()
+    try:
+        assert current_platform().name == "neuron"          # resolved now, kept by this process
+        monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")    # what the followers will see
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match=r"(?s)rank 1 runs another platform setup than the driver.*"
+                                              r"platform: driver 'neuron', this rank 'cpu'"):
+            LLM(str(tiny_v4_dir), **ENGINE, context_parallel_size=2)
+        assert time.monotonic() - t0 < 60
+    finally:
+        reset_platform()

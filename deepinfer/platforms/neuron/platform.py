@@ -157,5 +157,12 @@ class NeuronPlatform(Platform):
         from deepinfer.neuron_ops import kernel_routing
         return kernel_routing.kernel(name, on_device=not self.is_host_mode, simulate=self.simulate_kernels)
 
+    def signature(self) -> dict:
+        # every setting resolved in __init__ but the float8 guard (it only logs)
+        return {**super().signature(), "compile_backend": self.compile_backend, "region_split": self.region_split,
+                "row_buckets": self.row_buckets, "ctx_buckets": self.ctx_buckets,
+                "prefill_bucket": self.prefill_bucket, "verify_rows": self.verify_rows,
+                "simulate_kernels": bool(self.simulate_kernels)}
+
     def __repr__(self) -> str:
         return f"<NeuronPlatform {'host' if self.is_host_mode else 'device'} mode>"
