@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepinfer.model_executor.layers.concat_rows import concat_rows
+
 
 @dataclass
 class StateCopies:
@@ -101,10 +103,9 @@ def restore(io: PrefixStateIO, cache) -> None:
 
 
 def snapshot(store: torch.Tensor | None, copies: StateCopies | None, ring: torch.Tensor,
-             new_rows: torch.Tensor, full: torch.Tensor | None = None) -> None:
-    """store[snap_dst] = cat([ring, new_rows])[snap_src] (full: that cat when the caller has it)."""
+             new_rows: torch.Tensor) -> None:
+    """store[snap_dst] = cat([ring, new_rows])[snap_src], without building the concatenation when the
+    snapshot's rows are few (layers/concat_rows.py)."""
     if store is None or copies is None or not copies.snap_dst.numel():
         return
-    if full is None:
-        full = torch.cat([ring, new_rows.to(ring.dtype)])
-    store[copies.snap_dst] = full[copies.snap_src]
+    store[copies.snap_dst] = concat_rows(ring, new_rows, copies.snap_src)

@@ -106,12 +106,14 @@ def shard_signature(model, layout: ParallelLayout) -> tuple:
 
 
 def dry_run_cache(cfg, batch: int, context: int, dtype=torch.bfloat16, mode: str = "plain", engram_spec=None,
-                  nextn: int = 0):
+                  nextn: int = 0, slots: int | None = None):
     """(cache on meta, CacheLayout, block size): `batch` rows of `context` tokens plus the scratch slot
-    and block, as the worker sizes a pool for them (rings grown for `nextn` drafts' rollback)."""
+    and block, as the worker sizes a pool for them (rings grown for `nextn` drafts' rollback). slots:
+    state slots (each with its SWA and compressor rings) when the pool has more than the rows need, as
+    a serving config's max_num_seqs + 1 (default batch + 1)."""
     from deepinfer.worker.cache_engine import allocate_cache, cache_layout, default_block_size, speculative_ring_rows
     bs, extra = default_block_size(cfg), speculative_ring_rows(nextn)
-    slots, blocks = batch + 1, batch * -(-context // bs) + 1
+    slots, blocks = max(batch + 1, slots or 0), batch * -(-context // bs) + 1
     cache = allocate_cache(cfg, slots, blocks, bs, dtype, device="meta", mode=mode, extra_ring_rows=extra)
     return cache, cache_layout(cfg, slots, bs, engram_spec, extra_ring_rows=extra), bs
 
@@ -327,11 +329,13 @@ def rank_bytes(model, cache, layout: ParallelLayout) -> dict:
 
 def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: int = 1, steps: bool = True,
             batch: int = 8, context: int = 4096, prefill_tokens: int = 128, dtype=torch.bfloat16,
-            kv_cache_mode: str = "plain", ranks=None, log=None, nextn: int = 0, decode_steps=None) -> dict:
+            kv_cache_mode: str = "plain", ranks=None, log=None, nextn: int = 0, decode_steps=None,
+            cache_slots: int | None = None) -> dict:
     """The report of the module docstring. attn_tp defaults to min(cp, 8) (the engine's lane default);
     ranks: the ranks to walk (default all); nextn: drafts per row (speculative steps too);
     decode_steps: predicted decode steps, fn(model, cfg, layout, context, dtype, kv_cache_mode, log) ->
-    {rows: step} run on the first shard class ("decode_steps"; tools/step_prediction.py predictor)."""
+    {rows: step} run on the first shard class ("decode_steps"; tools/step_prediction.py predictor);
+    cache_slots: the cache's state slots (dry_run_cache; default the steps' rows + 1)."""
     from deepinfer.model_executor.static_step import Bucket
     attn_tp = attn_tp or min(cp, 8)
     world = max(cp, ep)
@@ -344,7 +348,7 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
             groups = ParallelGroups.create(layout)
             model = build_rank_model(cfg, groups, dtype)
             cache, cache_layout, bs = dry_run_cache(cfg, batch, context, dtype, kv_cache_mode, model.engram_spec,
-                                                    nextn)
+                                                    nextn, cache_slots)
             rows.append(rank_bytes(model, cache, layout))
             sig = shard_signature(model, layout)
             cls = classes.setdefault(sig, {"ranks": []})
@@ -372,7 +376,7 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
               "sharded": world == 1 or model_takes_parallel(),
               "dtype": str(dtype).removeprefix("torch."), "kv_cache_mode": kv_cache_mode,
               "step_shapes": {"decode_rows": batch, "context": context, "prefill_tokens": prefill_tokens,
-                              "nextn": nextn},
+                              "nextn": nextn, "cache_slots": max(batch + 1, cache_slots or 0)},
               "engram_accounting": "engram_bytes = one host's shared Engram tables / ranks per host (host "
                                    "memory, not HBM); weights_bytes excludes them",
               "ranks": rows,

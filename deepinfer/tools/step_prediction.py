@@ -186,9 +186,10 @@ def predict(model, cache, layout, chunks, bucket, rows: int, ep_size: int, cp: i
     }
 
 
-def predictor(rows_list, latency_s: float = COLLECTIVE_LATENCY_S, use_kernel_model: bool = True):
+def predictor(rows_list, latency_s: float = COLLECTIVE_LATENCY_S, use_kernel_model: bool = True,
+              cache_slots: int | None = None):
     """The dry run's decode_steps hook: {str(R): predict(...)} for each R in rows_list, each step with
-    its own cache on meta."""
+    its own cache on meta (of cache_slots state slots: dry_run.dry_run_cache)."""
     from deepinfer.model_executor.static_step import Bucket
 
     def decode_steps(model, cfg, layout, context: int, dtype, kv_cache_mode: str, log=None) -> dict:
@@ -196,7 +197,8 @@ def predictor(rows_list, latency_s: float = COLLECTIVE_LATENCY_S, use_kernel_mod
         for r in rows_list:
             if log:
                 log(f"predicted decode step: {r} row(s)")
-            cache, cache_layout, bs = dr.dry_run_cache(cfg, r, context, dtype, kv_cache_mode, model.engram_spec)
+            cache, cache_layout, bs = dr.dry_run_cache(cfg, r, context, dtype, kv_cache_mode, model.engram_spec,
+                                                       slots=cache_slots)
             out[str(r)] = predict(model, cache, cache_layout, dr.decode_chunks(r, context, bs), Bucket(r, r, context),
                                   r, layout.ep, layout.cp, latency_s, dr.TRN2_HBM_BYTES_PER_S_PER_RANK,
                                   use_kernel_model)

@@ -75,6 +75,9 @@ def main(argv=None) -> dict:
                      help="with --step: drafts per row; also runs the verification step and the draft block")
     dry.add_argument("--output", help="write the dry run's JSON here (--json works too)")
     dry.add_argument("--rows", default="", help="with --step: comma-separated row counts of predicted decode steps")
+    dry.add_argument("--cache-slots", type=int, default=None,
+                     help="the KV cache's state slots, e.g. a serving config's max_num_seqs + 1 (each holds its "
+                          "SWA and compressor rings; default: the step's rows + 1)")
     dry.add_argument("--collective-latency-us", type=float, default=25.0,
                      help="with --rows: the latency of one collective in the predicted steps")
     args = ap.parse_args(argv)
@@ -118,8 +121,9 @@ def _dry_run(args, cfg) -> dict:
               **dry_run(cfg, cp=args.cp or 1, ep=args.ep or 1, attn_tp=args.attn_tp, nnodes=args.nnodes,
                         steps=args.step, batch=args.batch, context=args.context,
                         prefill_tokens=args.prefill_tokens, dtype=getattr(torch, args.dtype),
-                        kv_cache_mode=args.kv_cache_mode, nextn=args.nextn,
-                        decode_steps=predictor(args.rows, args.collective_latency_us * 1e-6) if args.rows else None,
+                        kv_cache_mode=args.kv_cache_mode, nextn=args.nextn, cache_slots=args.cache_slots,
+                        decode_steps=predictor(args.rows, args.collective_latency_us * 1e-6,
+                                               cache_slots=args.cache_slots) if args.rows else None,
                         log=lambda m: print(m, file=sys.stderr))}
     print(format_dry_run(report))
     out = args.output or args.json

@@ -10,6 +10,7 @@ from deepinfer.distributed import comm
 from deepinfer.model_executor.checkpoint_formats import F32, FP8, stored_as
 from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.compressor import gather_overlap_slots
+from deepinfer.model_executor.layers.concat_rows import concat_rows, concat_sources
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
 from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
 from deepinfer.model_executor.layers.row_chunks import row_chunks, scope_branch
@@ -128,14 +129,13 @@ class Attention(nn.Module):
         normalised pre-RoPE entries (None when none completes), and save the rows later windows need
         (and, into `snap`, the rows of the blocks this step completes: model_executor/prefix_state.py)."""
         latent = None
-        full = None
         if meta.entry_dst.numel():
-            full = torch.cat([state, rows.to(state.dtype)])
-            c, z = gather_overlap_slots(full, meta.src_idx, comp.width, comp.overlap)
+            # rows of cat([state ring, this step's rows]), gathered without building it (concat_rows.py)
+            c, z = gather_overlap_slots(state, meta.src_idx, comp.width, comp.overlap, new=rows)
             pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(out_dtype)
             latent = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
         if snap is not None and ctx.step.prefix is not None:
-            prefix_state.snapshot(snap, ctx.step.prefix.comp.get(self.comp_key), state, rows, full)
+            prefix_state.snapshot(snap, ctx.step.prefix.comp.get(self.comp_key), state, rows)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
         return latent
@@ -243,10 +243,10 @@ class Attention(nn.Module):
                 return stable_topk(scores, cfg.index_topk), cand
         return (stable_topk(scores, cfg.index_topk),)
 
-    def _attend_rows(self, q, full, swa_idx, entries, valid, io: LayerIO, ctx: StepContext) -> torch.Tensor:
-        """Sink attention of some rows over their window records and their selected entries'
-        decoded records ([rows, k, d], None for a window-only layer)."""
-        keys = io.fmt.swa.decode(full[swa_idx], q.dtype)
+    def _attend_rows(self, q, ring, new, swa_idx, entries, valid, io: LayerIO, ctx: StepContext) -> torch.Tensor:
+        """Sink attention of some rows over their window records (rows of cat([ring, new])) and their
+        selected entries' decoded records ([rows, k, d], None for a window-only layer)."""
+        keys = io.fmt.swa.decode(concat_rows(ring, new, swa_idx), q.dtype)
         if entries is not None:
             keys = torch.cat([keys, entries], dim=1)
         return ctx.k.sink_attention(q, keys.to(q.dtype), valid, self.attn_sink, self.cfg.head_dim ** -0.5)
@@ -283,10 +283,13 @@ class Attention(nn.Module):
         d = cfg.head_dim
         cos, sin = ctx.rope(self.rope_kind)
         ring = io.swa
-        # this step's rows go through the record format too, so they read back as later steps see them
-        full = torch.cat([ring, io.fmt.swa.encode(kv)])
+        # this step's rows go through the record format too, so they read back as later steps see them;
+        # each row's window records are rows of cat([ring, new]), gathered without building it when
+        # they are few (layers/concat_rows.py)
+        new = io.fmt.swa.encode(kv)
         if io.swa_snap is not None and step.prefix is not None:
-            prefix_state.snapshot(io.swa_snap, step.prefix.swa, ring, kv, full)
+            prefix_state.snapshot(io.swa_snap, step.prefix.swa, ring, new)
+        window = concat_sources(ring, new, step.swa_idx.numel())   # one source for every row chunk
         valid = step.swa_valid
         meta = cols = scope = None
         if self.ratio > 0:
@@ -311,7 +314,7 @@ class Attention(nn.Module):
                     entries = scope_branch(meta.in_scope[a:b], lambda scope, c, rows, cache: (scope[c],),
                                            lambda scope, c, rows, cache: (fmt.decode(cache[rows], q.dtype),),
                                            (scope, c, rows, io.entries), "attention")[0]
-            return self._attend_rows(q[a:b], full, step.swa_idx[a:b], entries, valid[a:b], io, ctx)
+            return self._attend_rows(q[a:b], *window, step.swa_idx[a:b], entries, valid[a:b], io, ctx)
         # a row's gathered records [K, d], read in fp32 by the attention (row_chunks.py)
         per_row = valid.shape[1] * d * 6
         parts = [attend(a, b) for a, b in row_chunks(t, per_row)]
