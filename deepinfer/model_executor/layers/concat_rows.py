@@ -4,8 +4,9 @@ picked rows are few.
 A decode step's attention reads each row's window records from "the SWA ring, then this step's new
 records" (forward_meta.StepInputs.swa_idx). Concatenating the two copies the whole ring, every slot's
 window, in every layer of every step, to gather a few rows from it: at V4.1-Flash serving shapes (65
-slots of 128 records of 512 bf16 values) that is 8.5 MB a layer, about 0.36 GB a step on a 43-layer
-rank, read and written again, against ~1 MB gathered for 8 decode rows. Gathering from each source and
+slots of 128 records of 512 bf16 values) that is 8.5 MB a layer, read and written again, against
+~1 MB gathered for 8 decode rows; with the compressor state rings (gathered the same way) it was
+0.34 GiB of a 1-row step's reads (tools/memory_report.py --cache-slots 65). Gathering from each source and
 choosing per index moves only the rows asked for. The rows are the same bits either way (pure data
 movement), so where the concatenation is the cheaper move (a prompt chunk gathers more rows than
 the ring holds) it is still used. Indices are never negative here (forward_meta.addr).
