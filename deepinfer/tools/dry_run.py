@@ -338,6 +338,7 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
     cache_slots: the cache's state slots (dry_run_cache; default the steps' rows + 1)."""
     from deepinfer.model_executor.static_step import Bucket
     attn_tp = attn_tp or min(cp, 8)
+    cache_slots = max(batch + 1, cache_slots or 0)
     world = max(cp, ep)
     ParallelLayout(0, cp, ep, attn_tp, nnodes).check_model(cfg)
     classes: dict[tuple, dict] = {}
@@ -376,7 +377,7 @@ def dry_run(cfg, cp: int = 1, ep: int = 1, attn_tp: int | None = None, nnodes: i
               "sharded": world == 1 or model_takes_parallel(),
               "dtype": str(dtype).removeprefix("torch."), "kv_cache_mode": kv_cache_mode,
               "step_shapes": {"decode_rows": batch, "context": context, "prefill_tokens": prefill_tokens,
-                              "nextn": nextn, "cache_slots": max(batch + 1, cache_slots or 0)},
+                              "nextn": nextn, "cache_slots": cache_slots},
               "engram_accounting": "engram_bytes = one host's shared Engram tables / ranks per host (host "
                                    "memory, not HBM); weights_bytes excludes them",
               "ranks": rows,

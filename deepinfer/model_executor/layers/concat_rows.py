@@ -14,25 +14,22 @@ the ring holds) it is still used. Indices are never negative here (forward_meta.
 import torch
 
 
-def _concat_cheaper(first: torch.Tensor, second: torch.Tensor, num_indices: int) -> bool:
-    # the two gathers and the choice move ~3 rows an index; the concatenation n + m rows, then the gather
-    return 3 * num_indices >= first.shape[0] + second.shape[0]
-
-
 def concat_sources(first: torch.Tensor, second: torch.Tensor, num_indices: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The (first, second) to pass to concat_rows for `num_indices` indices over several calls (a step's
     row chunks): the concatenation, built once, and nothing after it when that is the cheaper move."""
-    if second.shape[0] and _concat_cheaper(first, second, num_indices):
+    # the two gathers and the choice move ~3 rows an index; the concatenation n + m rows, then the gather
+    if second.shape[0] and 3 * num_indices >= first.shape[0] + second.shape[0]:
         return torch.cat([first, second.to(first.dtype)]), second[:0]
     return first, second
 
 
 def concat_rows(first: torch.Tensor, second: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """torch.cat([first, second])[idx] (second cast to first's dtype), idx >= 0."""
+    first, second = concat_sources(first, second, idx.numel())
     n, m = first.shape[0], second.shape[0]
+    if m == 0:
+        return first[idx]
     second = second.to(first.dtype)
-    if m == 0 or _concat_cheaper(first, second, idx.numel()):
-        return torch.cat([first, second])[idx] if m else first[idx]
     from_first = first[idx.clamp(max=n - 1)]
     from_second = second[(idx - n).clamp(min=0, max=m - 1)]
     take_first = (idx < n).reshape(*idx.shape, *([1] * (first.dim() - 1)))

@@ -129,13 +129,15 @@ class Attention(nn.Module):
         normalised pre-RoPE entries (None when none completes), and save the rows later windows need
         (and, into `snap`, the rows of the blocks this step completes: model_executor/prefix_state.py)."""
         latent = None
+        # rows of cat([state ring, this step's rows]): built once when that is the cheaper move (a prompt
+        # step), else gathered from the two (layers/concat_rows.py); the pooling and the snapshot share it
+        src = concat_sources(state, rows, meta.src_idx.numel() if meta.entry_dst.numel() else 0)
         if meta.entry_dst.numel():
-            # rows of cat([state ring, this step's rows]), gathered without building it (concat_rows.py)
-            c, z = gather_overlap_slots(state, meta.src_idx, comp.width, comp.overlap, new=rows)
+            c, z = gather_overlap_slots(src[0], meta.src_idx, comp.width, comp.overlap, new=src[1])
             pooled = ctx.k.compress_pool(c, z, meta.src_valid).to(out_dtype)
             latent = ctx.k.rms_norm(pooled, comp.norm.weight, self.cfg.rms_norm_eps)
         if snap is not None and ctx.step.prefix is not None:
-            prefix_state.snapshot(snap, ctx.step.prefix.comp.get(self.comp_key), state, rows)
+            prefix_state.snapshot(snap, ctx.step.prefix.comp.get(self.comp_key), *src)
         if meta.state_dst.numel():
             state[meta.state_dst] = rows[meta.state_src].to(state.dtype)
         return latent
@@ -287,9 +289,9 @@ class Attention(nn.Module):
         # each row's window records are rows of cat([ring, new]), gathered without building it when
         # they are few (layers/concat_rows.py)
         new = io.fmt.swa.encode(kv)
+        window = concat_sources(ring, new, step.swa_idx.numel())   # one source for the snapshot and every row chunk
         if io.swa_snap is not None and step.prefix is not None:
-            prefix_state.snapshot(io.swa_snap, step.prefix.swa, ring, new)
-        window = concat_sources(ring, new, step.swa_idx.numel())   # one source for every row chunk
+            prefix_state.snapshot(io.swa_snap, step.prefix.swa, *window)
         valid = step.swa_valid
         meta = cols = scope = None
         if self.ratio > 0:
