@@ -35,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))      # deepinfer, from a checkout
@@ -134,17 +135,26 @@ def language_token_ids(tok) -> list[int]:
 # been seen (on copy-only data the copied-word accuracy left chance after ~130 steps of 4 x 64
 # tokens at lr 2e-3, and stayed at chance through 650 steps at 35 % copy lines and lr 5e-3).
 TRAIN_KINDS = ("count", "copy", "lookup")
-TRAIN_SHARES = (0.30, 0.50, 0.20)
-# half the training lookups have at most this many pairs: more answers a step for the same tokens
-SHORT_LOOKUP_PAIRS = 12
 FREE_WEIGHT = 0.1   # loss weight of tokens the rules do not determine (random words, starts, keys)
 
 
-def line_parts(rng: random.Random, kind: str) -> tuple[str, str]:
+@dataclass(frozen=True)
+class DataMix:
+    """What the training documents hold: the line kinds' shares, how many of the lookups are short
+    (at most `short_lookup_pairs` pairs, so a step holds more lookup answers for the same tokens; the
+    language's prompts keep 4-32), and the loss weight of a lookup's answer (one determined token a
+    line, against about ten in a copy line)."""
+    shares: tuple[float, float, float] = (0.30, 0.50, 0.20)
+    short_lookup_pairs: int = 12
+    short_lookup_share: float = 0.5
+    lookup_weight: float = 1.0
+
+
+def line_parts(rng: random.Random, kind: str, mix: DataMix = DataMix()) -> tuple[str, str]:
     """(free part, determined part) of one line: what a rule fixes is the count after its second
     number, the copy after ` =`, the lookup's value after ` ->` (with the newline)."""
-    if kind == "lookup" and rng.random() < 0.5:
-        head, value = lang.lookup_parts(rng, False, SHORT_LOOKUP_PAIRS)
+    if kind == "lookup" and rng.random() < mix.short_lookup_share:
+        head, value = lang.lookup_parts(rng, False, mix.short_lookup_pairs)
         text = f"{head} {value}\n"
     else:
         text = lang.line(rng, kind)
@@ -156,22 +166,23 @@ def line_parts(rng: random.Random, kind: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-def training_batch(tok, rng: random.Random, batch: int, seq_len: int, kinds_out: list | None = None
-                   ) -> list[tuple[list[int], list[float]]]:
+def training_batch(tok, rng: random.Random, batch: int, seq_len: int, kinds_out: list | None = None,
+                   mix: DataMix = DataMix()) -> list[tuple[list[int], list[float]]]:
     """`batch` documents of whole lines after BOS, each cut to `seq_len` + 1 tokens (a document
     starts at a line start, as the prompts do), with each token's loss weight: 1 where the rules
-    determine the token, FREE_WEIGHT elsewhere."""
+    determine the token (`mix.lookup_weight` for a lookup's answer), FREE_WEIGHT elsewhere."""
     out = []
     for _ in range(batch):
         ids: list[int] = [BOS]
         weights: list[float] = [FREE_WEIGHT]
         kinds = [-1]
         while len(ids) < seq_len + 1:
-            kind = rng.choices(TRAIN_KINDS, TRAIN_SHARES)[0]
-            free, fixed = line_parts(rng, kind)
+            kind = rng.choices(TRAIN_KINDS, mix.shares)[0]
+            free, fixed = line_parts(rng, kind, mix)
             a, b = tok.encode(free).ids, tok.encode(fixed).ids
             ids += a + b
-            weights += [FREE_WEIGHT] * len(a) + [1.0] * len(b)
+            determined = mix.lookup_weight if kind == "lookup" else 1.0
+            weights += [FREE_WEIGHT] * len(a) + [determined] * len(b)
             kinds += [-1] * len(a) + [TRAIN_KINDS.index(kind)] * len(b)
         out.append((ids[: seq_len + 1], weights[: seq_len + 1]))
         if kinds_out is not None:
@@ -276,6 +287,18 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=96)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--shares", default="0.30,0.50,0.20",
+                    help="shares of count, copy and lookup lines in the training documents")
+    ap.add_argument("--short-lookup-pairs", type=int, default=12,
+                    help="a short training lookup has 4 to this many pairs")
+    ap.add_argument("--short-lookup-share", type=float, default=0.5, help="share of the lookups that are short")
+    ap.add_argument("--lookup-weight", type=float, default=1.0, help="loss weight of a lookup's answer tokens")
+    ap.add_argument("--phase2-from", type=int, default=None,
+                    help="from this training step on, draw documents with the --phase2-* mix")
+    ap.add_argument("--phase2-shares", default="0.20,0.30,0.50")
+    ap.add_argument("--phase2-short-lookup-pairs", type=int, default=8)
+    ap.add_argument("--phase2-short-lookup-share", type=float, default=0.7)
+    ap.add_argument("--phase2-lookup-weight", type=float, default=2.0)
     ap.add_argument("--draft-steps", type=int, default=30)
     ap.add_argument("--draft-batch", type=int, default=24)
     ap.add_argument("--draft-docs", type=int, default=48,
@@ -291,6 +314,19 @@ def parse_args(argv=None):
     # 15-80x slower with 2 threads than with 1 at a load of 10 on 2 cores, measured)
     ap.add_argument("--threads", type=int, default=1)
     return ap.parse_args(argv)
+
+
+def data_mix(args, step: int) -> DataMix:
+    """The documents' mix at training step `step`: the --shares / --short-lookup-* / --lookup-weight
+    mix, and from --phase2-from on the --phase2-* one (a second phase once copying has formed)."""
+    second = args.phase2_from is not None and step >= args.phase2_from
+    pre = "phase2_" if second else ""
+    text = getattr(args, pre + "shares")
+    shares = tuple(float(x) for x in text.split(","))
+    if len(shares) != 3 or min(shares) < 0 or sum(shares) <= 0:
+        raise SystemExit(f"shares take three non-negative numbers (count, copy, lookup), got {text!r}")
+    return DataMix(shares, getattr(args, pre + "short_lookup_pairs"), getattr(args, pre + "short_lookup_share"),
+                   getattr(args, pre + "lookup_weight"))
 
 
 def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,7 +354,7 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     try:
         for it in range(args.steps):
             kinds: list = []
-            batch = training_batch(tok, rng, args.batch, args.seq_len, kinds)
+            batch = training_batch(tok, rng, args.batch, args.seq_len, kinds, data_mix(args, it))
             kind = torch.tensor([k[1:] for k in kinds]).reshape(-1)
             target = remap[torch.tensor([s[1:] for s, _ in batch]).reshape(-1)]
             weight = torch.tensor([w[1:] for _, w in batch]).reshape(-1)
@@ -355,7 +391,7 @@ def determined_anchors(seqs, weights, b: int, n: int, gen: torch.Generator, free
     out = []
     while len(out) < n:
         (i, a), = uniform(seqs, 1, b, 1, gen)
-        if weights[i][a + 2] == 1.0 or float(torch.rand((), generator=gen)) < free_share:
+        if weights[i][a + 2] > FREE_WEIGHT or float(torch.rand((), generator=gen)) < free_share:
             out.append((i, a))
     return out
 

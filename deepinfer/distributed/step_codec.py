@@ -90,6 +90,8 @@ class _Writer:
                     "f": {f.name: self.tree(getattr(value, f.name)) for f in dataclasses.fields(value)}}
         if isinstance(value, dict):
             return {"d": [[list(k) if isinstance(k, tuple) else k, self.tree(v)] for k, v in value.items()]}
+        if isinstance(value, tuple):   # e.g. StepInputs.seq_scopes, ((start, end), ...)
+            return {"tp": [self.tree(v) for v in value]}
         if value is None or isinstance(value, (bool, int, float, str)):
             return {"v": value}
         raise TypeError(f"step message: cannot encode {type(value).__name__}")
@@ -130,6 +132,8 @@ def _read_tree(node, buf: bytearray, base: int):
         return cls(**{k: _read_tree(v, buf, base) for k, v in node["f"].items()})
     if "d" in node:
         return {tuple(k) if isinstance(k, list) else k: _read_tree(v, buf, base) for k, v in node["d"]}
+    if "tp" in node:
+        return tuple(_read_tree(v, buf, base) for v in node["tp"])
     return node["v"]
 
 

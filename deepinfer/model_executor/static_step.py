@@ -162,7 +162,7 @@ class BucketSpec:
         # graphs (verify_shares_decode) must give them the same inputs. Whether a step has a scope thus
         # depends on its token count alone.
         scoped = bucket.num_tokens not in self.batch
-        step = build_step_inputs(pad_chunks(chunks, bucket), layout, shared_scope=scoped)
+        step = build_step_inputs(pad_chunks(chunks, bucket), layout, shared_scope=scoped, seq_scopes=False)
         return pad_step(step, bucket, self.seqs_bound, logits_rows=logits_rows)
 
     def select(self, chunks: list[SeqChunk]) -> Bucket | None:

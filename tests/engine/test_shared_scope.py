@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from deepinfer.config import ModelConfig
+from deepinfer.model_executor import forward_meta
 from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
 from deepinfer.model_executor.layers import row_chunks
 from deepinfer.model_executor.models import deepseek_v4, v4_attention
@@ -58,7 +59,14 @@ def test_scope_is_the_longest_real_chunks_last_row(tiny_v41_dir):
 @pytest.mark.parametrize("kind", ["v4", "v41"])
 def test_shared_scope_and_own_gathers_give_the_same_logits(models, kind, monkeypatch):
     model = models[kind]
-    prompts = [_ids(56, 3), _ids(20, 4), _ids(2, 5)]    # one step: the scope sequence and two others
+    least = forward_meta.SEQ_SCOPE_MIN_ROWS
+    # one step: two prompts long enough for their own scopes, two that gather per row
+    prompts = [_ids(least + 8, 3), _ids(least, 4), _ids(20, 5), _ids(2, 6)]
+    seen = []
+    real_scope_chunks = v4_attention.scope_chunks
+    monkeypatch.setattr(v4_attention, "scope_chunks", lambda *a: seen.append(a[-1]) or real_scope_chunks(*a))
+    per_sequence = run_batch(model, prompts)            # eager: each long prompt chunk reads its own scope
+    assert seen and all(s == ((0, least + 8), (least + 8, 2 * least + 8)) for s in seen)
     real_chunks, real_branch = v4_attention.row_chunks, v4_attention.scope_branch
     taken = []
 
@@ -66,15 +74,51 @@ def test_shared_scope_and_own_gathers_give_the_same_logits(models, kind, monkeyp
         taken.append(bool(in_scope.all()))
         return real_branch(in_scope, shared, own, args, part)
     monkeypatch.setattr(v4_attention, "scope_branch", branch)
-    # chunks of 16 rows: chunks inside the 90-token prompt read the scope, the rest their own rows
+    # one scope (what a graph reads), in chunks of 16 rows: chunks inside the longest prompt read
+    # the scope, the rest their own rows
+    monkeypatch.setattr(forward_meta, "_seq_scopes", lambda chunks, start: None)
     monkeypatch.setattr(v4_attention, "row_chunks", lambda rows, per_row, budget=None: real_chunks(
         rows, per_row, budget=16 * per_row))
     mixed = run_batch(model, prompts)
     assert True in taken and False in taken
     monkeypatch.setattr(v4_attention, "scope_branch", lambda in_scope, shared, own, args, part="": own(*args))
     own = run_batch(model, prompts)
-    for a, b in zip(mixed, own):
-        assert torch.equal(a, b)
+    for a, b, c in zip(per_sequence, mixed, own):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_eager_prompt_chunks_each_read_their_own_scope(tiny_v41_dir):
+    """forward_meta.StepInputs.seq_scopes: the rows of every real chunk feeding at least
+    SEQ_SCOPE_MIN_ROWS tokens; row_chunks.scope_chunks covers the step's rows in order, a chunk's
+    ranges carrying its last row, the other rows None; static steps (graph inputs) carry none."""
+    cfg = ModelConfig.from_pretrained(tiny_v41_dir)
+    bs = default_block_size(cfg)
+    layout = cache_layout(cfg, 6, bs, None)
+    ids = _ids(160, 1)
+    least = forward_meta.SEQ_SCOPE_MIN_ROWS
+    table = list(range(1, 1 + -(-160 // bs)))
+    chunks = [SeqChunk(1, 60, 1, table, ids),                     # a decode row
+              SeqChunk(2, 16, least + 6, table, ids),             # rows 1 .. least + 6
+              SeqChunk(3, 60, 1, table, ids),                     # a decode row
+              SeqChunk(4, 0, least, table, ids),                  # its own scope from `least` rows
+              SeqChunk(5, 0, least - 1, table, ids),              # one row short: own gathers
+              SeqChunk(0, 0, 90, [0], [0] * 90, num_logits=0)]    # a placeholder: never a scope
+    step = build_step_inputs(chunks, layout)
+    a, b = 1, least + 7
+    c, d = b + 1, b + 1 + least
+    assert step.seq_scopes == ((a, b), (c, d))
+    assert build_step_inputs(chunks, layout, seq_scopes=False).seq_scopes is None
+    assert build_step_inputs(chunks[:1], layout).seq_scopes is None            # decode only
+    assert build_step_inputs(chunks[4:], layout).seq_scopes is None            # no chunk long enough
+    ranges = row_chunks.scope_chunks(step.num_tokens, 1, 1, step.seq_scopes)
+    assert ranges == [(0, a, None), (a, b, b - 1), (b, c, None), (c, d, d - 1), (d, step.num_tokens, None)]
+    small = row_chunks.scope_chunks(step.num_tokens, row_chunks.CHUNK_BYTES // 16, 1, step.seq_scopes)
+    assert [r for r in small if r[2] == b - 1] == [(s, min(b, s + 16), b - 1) for s in range(a, b, 16)]
+    for m in step.comp.values():   # a chunk's rows see a prefix of what its last row sees
+        for lo, hi in step.seq_scopes:
+            for t in range(lo, hi):
+                n = int(m.n_vis[t])
+                assert torch.equal(m.vis_idx[t, :n], m.vis_idx[hi - 1, :n]) and not m.vis_valid[t, n:].any()
 
 
 class _CacheGathers(TorchDispatchMode):
@@ -113,6 +157,18 @@ def test_a_prompt_chunk_reads_the_compressed_caches_once_per_layer_decode_per_ro
     entry_reads = [s for s in prompt.shapes if s[0] > 0]
     assert readers <= len(entry_reads) <= 2 * readers    # the records, and the keys where a layer indexes
     assert decode.shapes and any(len(s) == 2 and s[0] == 2 for s in decode.shapes)
+    # an eager step of two prompts: each chunk's scope is one 1-D gather, no row gathers its own
+    rows = forward_meta.SEQ_SCOPE_MIN_ROWS
+    ids = _ids(rows + 8, 9)
+    per_seq = -(-len(ids) // bs)
+    cache = allocate_cache(cfg, 4, 1 + 2 * per_seq, bs, torch.float32)
+    two = _CacheGathers(list(cache.entries.values()) + list(cache.index_keys.values()))
+    with two:
+        model(build_step_inputs([SeqChunk(1, 0, rows + 8, list(range(1, 1 + per_seq)), ids, 1),
+                                 SeqChunk(2, 0, rows, list(range(1 + per_seq, 1 + 2 * per_seq)), ids, 1)],
+                                layout), cache)
+    assert two.shapes and all(len(s) == 1 for s in two.shapes)
+    assert 2 * len(entry_reads) == len([s for s in two.shapes if s[0] > 0])
 
 
 

@@ -93,3 +93,30 @@ def test_draft_anchors_mostly_score_determined_tokens():
     share = sum(weights[i][a + 2] == 1.0 for i, a in anchors) / len(anchors)
     everywhere = sum(w[a + 2] == 1.0 for w in weights for a in range(len(w) - 4)) / sum(len(w) - 4 for w in weights)
     assert share > 2 * everywhere and share > 0.6, (share, everywhere)
+
+
+def test_data_mix_and_its_second_phase():
+    """--shares / --short-lookup-* / --lookup-weight shape the documents, and from --phase2-from on the
+    --phase2-* mix does (the lookup experiments of docs/tiny_language.md §6)."""
+    tok = train_tiny.load_tokenizer()
+    args = train_tiny.parse_args(["--kind", "v41", "--out", "x", "--phase2-from", "10",
+                                  "--phase2-shares", "0,0,1", "--phase2-short-lookup-pairs", "5",
+                                  "--phase2-short-lookup-share", "1", "--phase2-lookup-weight", "3"])
+    assert train_tiny.data_mix(args, 9) == train_tiny.DataMix()          # the defaults: the committed recipe
+    late = train_tiny.data_mix(args, 10)
+    assert late == train_tiny.DataMix((0.0, 0.0, 1.0), 5, 1.0, 3.0)
+    kinds: list = []
+    batch = train_tiny.training_batch(tok, random.Random(0), 4, 96, kinds, late)
+    lookup = train_tiny.TRAIN_KINDS.index("lookup")
+    for (ids, weights), kind in zip(batch, kinds):
+        assert set(kind) == {-1, lookup}
+        assert all((w == 3.0) == (k == lookup) for w, k in zip(weights, kind))
+    text = tok.decode(batch[0][0][1:])
+    assert all(line.count("=") <= 5 for line in text.split("\n")[:-1])   # short lookups only
+    bad = train_tiny.parse_args(["--kind", "v41", "--out", "x", "--shares", "1,2"])
+    try:
+        train_tiny.data_mix(bad, 0)
+    except SystemExit as e:
+        assert "three non-negative" in str(e)
+    else:
+        raise AssertionError("two shares were accepted")

@@ -1,6 +1,7 @@
 """Per-module checks against straightforward, independently written formulas (docs/model.md §3)."""
 import math
 
+import pytest
 import torch
 
 from deepinfer.model_executor.layers import hc, indexer, moe, rope
@@ -13,6 +14,21 @@ g = torch.Generator().manual_seed(0)
 
 def rnd(*shape):
     return torch.randn(*shape, generator=g, dtype=torch.float64).float()
+
+
+@pytest.mark.parametrize("t", [1, 3, 32, 257, 2048])
+def test_sinkhorn_token_major_layout_is_bit_equal(t):
+    # the inference path normalises an [n, n, T] copy; every value must equal the autograd path's,
+    # which normalises the [T, n, n] tensor itself, bit for bit, so prefill (many rows), decode (few)
+    # and training agree
+    def row_major(c0, iters):
+        return hc.sinkhorn(c0.clone().requires_grad_(), iters, 1e-6).detach()
+    for scale in (0.1, 1.0, 8.0):
+        c0 = rnd(t, 4, 4) * scale
+        got = hc.sinkhorn(c0, 20, 1e-6)
+        assert got.is_contiguous() and torch.equal(got, row_major(c0, 20))
+    c0 = rnd(2, t, 4, 4)   # leading dims beyond one are flattened and restored
+    assert torch.equal(hc.sinkhorn(c0, 6, 1e-6), row_major(c0, 6))
 
 
 def test_sinkhorn_matches_loop_and_is_doubly_stochastic():

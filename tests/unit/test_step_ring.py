@@ -10,7 +10,7 @@ import torch
 from deepinfer.distributed.step_codec import (KIND_SHUTDOWN, KIND_STEP, GroupStep, StepMessage, decode, encode,
                                               to_bytes)
 from deepinfer.distributed.step_ring import SHM_DIR, StepRing, our_segments
-from deepinfer.model_executor.forward_meta import SeqChunk, build_step_inputs
+from deepinfer.model_executor.forward_meta import SEQ_SCOPE_MIN_ROWS, SeqChunk, build_step_inputs
 from deepinfer.model_executor.static_step import Bucket, BucketSpec
 from deepinfer.worker.cache_engine import cache_layout
 from deepinfer.executor.step_fanout import split_groups
@@ -62,6 +62,15 @@ def test_codec_round_trips_a_step_every_field():
     assert only.groups[0] is None
     _same(only.groups[1].step, static)
     assert decode(to_bytes(StepMessage(KIND_SHUTDOWN))).kind == KIND_SHUTDOWN
+    # an eager step whose prompt chunks read their own scopes: the row ranges travel as a tuple
+    rows = SEQ_SCOPE_MIN_ROWS
+    ids = list(range(3, 3 + 2 * rows))
+    scoped = build_step_inputs([SeqChunk(1, 0, rows, [1], ids, 1), SeqChunk(2, 0, rows + 1, [2, 3], ids, 1)],
+                               layout)
+    assert scoped.seq_scopes == ((0, rows), (rows, 2 * rows + 1))
+    back = decode(to_bytes(StepMessage(KIND_STEP, [GroupStep(scoped, None, 2)], gather_rows=2))).groups[0].step
+    _same(back, scoped)
+    assert back.seq_scopes == scoped.seq_scopes
 
 
 def test_codec_carries_a_greedy_speculative_steps_plan_rows():

@@ -12,12 +12,17 @@ def sinkhorn(c0: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
             c = c / (c.sum(dim=-1, keepdim=True) + eps)
             c = c / (c.sum(dim=-2, keepdim=True) + eps)
         return c
-    c = torch.softmax(c0, dim=-1).add_(eps)
-    c.div_(c.sum(dim=-2, keepdim=True).add_(eps))
-    for _ in range(iters - 1):  # in place: this loop is ~6 tiny ops per iteration, per sub-layer
-        c.div_(c.sum(dim=-1, keepdim=True).add_(eps))
-        c.div_(c.sum(dim=-2, keepdim=True).add_(eps))
-    return c
+    # in place, on an [n, n, T] copy (T = the leading dims): the normalisations then sum and divide
+    # contiguous T-long vectors instead of strided runs of n, the same additions in the same order,
+    # so the result is the [T, n, n] form's bit for bit (tests/unit/test_layers.py); 2.7x faster at
+    # T = 1024 and never slower down to T = 1 (one thread, measured)
+    n = c0.shape[-1]
+    c = torch.softmax(c0, dim=-1).reshape(-1, n, n).permute(1, 2, 0).contiguous().add_(eps)
+    c.div_(c.sum(dim=0, keepdim=True).add_(eps))
+    for _ in range(iters - 1):  # ~6 small ops per iteration, per sub-layer
+        c.div_(c.sum(dim=1, keepdim=True).add_(eps))
+        c.div_(c.sum(dim=0, keepdim=True).add_(eps))
+    return c.permute(2, 0, 1).contiguous().view(c0.shape)   # row-major, as custom ops' fakes promise
 
 
 def hc_mixes(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,

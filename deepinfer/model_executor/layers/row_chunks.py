@@ -9,6 +9,10 @@ intermediate by the chunk's. Chunk sizes depend only on shapes, so a traced grap
 A prompt chunk's rows do not gather per row at all: they read the shared scope, what the chunk's
 last row sees, gathered once (forward_meta.CompressMeta.scope_idx); the chunks still bound their
 [rows, scope] score tensors. `scope_branch` picks, per chunk, the scope or the rows' own gathers.
+That scope covers one sequence, because a graph's inputs have fixed shapes; an eager step with
+several prompt chunks (a batch of prompts) gives every chunk its own scope instead (`scope_chunks`,
+forward_meta.StepInputs.seq_scopes), so no prompt row gathers per row. A row of chunk s sees a
+prefix of what s's last row sees, so each way gives every row the same bits.
 """
 import torch
 
@@ -41,3 +45,26 @@ def scope_branch(in_scope: torch.Tensor, shared, own, args: tuple, part: str = "
         own(*args)
         return shared(*args)
     return shared(*args) if bool(in_scope.all()) else own(*args)
+
+
+def scope_chunks(rows: int, scoped_row_bytes: int, own_row_bytes: int,
+                 scopes: tuple) -> list[tuple[int, int, int | None]]:
+    """(start, end, scope row) ranges covering `rows` in order for an eager step with per-sequence
+    scopes (`scopes`: the [start, end) rows of each prompt chunk): a range inside a chunk's rows
+    carries that chunk's last row, whose visible entries are the range's scope; a range between
+    them (decode rows) carries None and reads its rows' own gathers. Ranges are row_chunks of their
+    run, by the bytes a row makes either way."""
+    out: list[tuple[int, int, int | None]] = []
+
+    def run(a: int, b: int, last: int | None) -> None:
+        size = own_row_bytes if last is None else scoped_row_bytes
+        out.extend((a + s, a + e, last) for s, e in row_chunks(b - a, size))
+    at = 0
+    for a, b in scopes:
+        if at < a:
+            run(at, a, None)
+        run(a, b, b - 1)
+        at = b
+    if at < rows:
+        run(at, rows, None)
+    return out

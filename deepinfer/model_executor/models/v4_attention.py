@@ -13,7 +13,7 @@ from deepinfer.model_executor.layers.compressor import gather_overlap_slots
 from deepinfer.model_executor.layers.concat_rows import concat_rows, concat_sources
 from deepinfer.model_executor.layers.indexer import candidate_blocks, candidate_entry_mask, stable_topk
 from deepinfer.model_executor.layers.packed_weights import grouped_mm, linear_mm
-from deepinfer.model_executor.layers.row_chunks import row_chunks, scope_branch
+from deepinfer.model_executor.layers.row_chunks import row_chunks, scope_branch, scope_chunks
 from deepinfer.model_executor.models.v4_common import LayerIO, Norm, StepContext, f32_param, linear
 
 
@@ -29,6 +29,14 @@ def compressor_spec(cfg, layer: int) -> tuple[int, int, bool] | None:
     overlap = cfg.layer_kinds[layer] == "csa"
     return (m, 2 * m if overlap else m, overlap)
 
+
+def _eager_seq_scopes(ctx: StepContext) -> tuple | None:
+    """The step's per-sequence scopes when it runs eagerly (forward_meta.StepInputs.seq_scopes), else
+    None: a padded or traced step reads CompressMeta's one scope (layers/row_chunks.py)."""
+    step = ctx.step
+    if step.seq_scopes is None or step.static_shapes or torch.compiler.is_compiling():
+        return None
+    return step.seq_scopes
 
 class Compressor(nn.Module):
     def __init__(self, dim: int, width: int, ratio: int, overlap: bool, gated: bool, ape: bool, dtype,
@@ -189,6 +197,20 @@ class Attention(nn.Module):
             parts = [self._index_rows(self._scores(q[a:b], w[a:b], self._own_keys(meta.vis_idx[a:b], io),
                                                    meta.vis_valid[a:b], ctx), meta, io, slice(a, b))
                      for a, b in row_chunks(t, own_row)]
+        elif (scopes := _eager_seq_scopes(ctx)) is not None:
+            # an eager step with prompt chunks: each chunk's rows score the keys its last row sees,
+            # gathered and decoded once a chunk; decode rows between them gather their own
+            keys_of: dict[int, torch.Tensor] = {}
+            parts = []
+            for a, b, last in scope_chunks(t, e * (n_i + 3) * 4, own_row, scopes):
+                if last is None:
+                    keys = self._own_keys(meta.vis_idx[a:b], io)
+                else:
+                    if last not in keys_of:
+                        keys_of[last] = io.fmt.index.decode(io.index_keys[meta.vis_idx[last]], torch.float32)
+                    keys = keys_of[last]
+                parts.append(self._index_rows(self._scores(q[a:b], w[a:b], keys, meta.vis_valid[a:b], ctx),
+                                              meta, io, slice(a, b)))
         else:
             # a prompt chunk: the keys its last row sees, gathered and decoded once; each row scores
             # them all and keeps its causal prefix by vis_valid (docs/model.md §3.4)
@@ -294,22 +316,28 @@ class Attention(nn.Module):
             prefix_state.snapshot(io.swa_snap, step.prefix.swa, *window)
         valid = step.swa_valid
         meta = cols = scope = None
+        scopes = _eager_seq_scopes(ctx)
         if self.ratio > 0:
             meta = step.comp[self.src_comp_key]
             sel = self._select(h, cq, ctx, meta, io)
             cols = sel.clamp(min=0)
             valid = torch.cat([valid, sel >= 0], dim=1)
-            if meta.scope_idx is not None:
+            if meta.scope_idx is not None and scopes is None:
                 # a prompt chunk: the records its last row sees, gathered and decoded once; each row
                 # takes its selected columns of them (docs/model.md §3.3)
                 scope = io.fmt.entries.decode(io.entries[meta.scope_idx], q.dtype)
+        records_of: dict[int, torch.Tensor] = {}
 
-        def attend(a, b):
+        def attend(a, b, last=None):
             entries = None
             if cols is not None:
                 c = cols[a:b]
                 rows = meta.vis_idx[a:b].gather(1, c) if c.numel() else c   # pool rows of the selected entries
-                if scope is None:   # decode: gathered per row from the cache
+                if last is not None:   # an eager step's prompt chunk: its own scope, gathered once
+                    if last not in records_of:
+                        records_of[last] = io.fmt.entries.decode(io.entries[meta.vis_idx[last]], q.dtype)
+                    entries = records_of[last][c]
+                elif scope is None:   # decode: gathered per row from the cache
                     entries = io.fmt.entries.decode(io.entries[rows], q.dtype)
                 else:
                     fmt = io.fmt.entries
@@ -319,7 +347,10 @@ class Attention(nn.Module):
             return self._attend_rows(q[a:b], *window, step.swa_idx[a:b], entries, valid[a:b], io, ctx)
         # a row's gathered records [K, d], read in fp32 by the attention (row_chunks.py)
         per_row = valid.shape[1] * d * 6
-        parts = [attend(a, b) for a, b in row_chunks(t, per_row)]
+        if scopes is not None and cols is not None:
+            parts = [attend(a, b, last) for a, b, last in scope_chunks(t, per_row, per_row, scopes)]
+        else:
+            parts = [attend(a, b) for a, b in row_chunks(t, per_row)]
         o = parts[0] if len(parts) == 1 else torch.cat(parts)
         if step.swa_write_dst.numel():
             ring[step.swa_write_dst] = io.fmt.swa.encode(kv[step.swa_write_src])
