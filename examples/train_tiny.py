@@ -283,7 +283,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="directory of the trained checkpoint")
     ap.add_argument("--artifact", default=None, help="also write the compact artifact here (a .safetensors path)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=850)
+    ap.add_argument("--steps", type=int, default=1100)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=96)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -293,12 +293,14 @@ def parse_args(argv=None):
                     help="a short training lookup has 4 to this many pairs")
     ap.add_argument("--short-lookup-share", type=float, default=0.5, help="share of the lookups that are short")
     ap.add_argument("--lookup-weight", type=float, default=1.0, help="loss weight of a lookup's answer tokens")
-    ap.add_argument("--phase2-from", type=int, default=None,
-                    help="from this training step on, draw documents with the --phase2-* mix")
-    ap.add_argument("--phase2-shares", default="0.20,0.30,0.50")
-    ap.add_argument("--phase2-short-lookup-pairs", type=int, default=8)
-    ap.add_argument("--phase2-short-lookup-share", type=float, default=0.7)
-    ap.add_argument("--phase2-lookup-weight", type=float, default=2.0)
+    # the second phase starts once the copy heads have formed (near step 340 with the first mix) and
+    # keeps count and copy lines while adding short lookups (docs/tiny_language.md §6: run D)
+    ap.add_argument("--phase2-from", type=int, default=450,
+                    help="from this training step on, draw documents with the --phase2-* mix (-1: never)")
+    ap.add_argument("--phase2-shares", default="0.30,0.35,0.35")
+    ap.add_argument("--phase2-short-lookup-pairs", type=int, default=6)
+    ap.add_argument("--phase2-short-lookup-share", type=float, default=0.8)
+    ap.add_argument("--phase2-lookup-weight", type=float, default=3.0)
     ap.add_argument("--draft-steps", type=int, default=30)
     ap.add_argument("--draft-batch", type=int, default=24)
     ap.add_argument("--draft-docs", type=int, default=48,
@@ -319,7 +321,7 @@ def parse_args(argv=None):
 def data_mix(args, step: int) -> DataMix:
     """The documents' mix at training step `step`: the --shares / --short-lookup-* / --lookup-weight
     mix, and from --phase2-from on the --phase2-* one (a second phase once copying has formed)."""
-    second = args.phase2_from is not None and step >= args.phase2_from
+    second = 0 <= args.phase2_from <= step
     pre = "phase2_" if second else ""
     text = getattr(args, pre + "shares")
     shares = tuple(float(x) for x in text.split(","))

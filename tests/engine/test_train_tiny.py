@@ -102,7 +102,12 @@ def test_data_mix_and_its_second_phase():
     args = train_tiny.parse_args(["--kind", "v41", "--out", "x", "--phase2-from", "10",
                                   "--phase2-shares", "0,0,1", "--phase2-short-lookup-pairs", "5",
                                   "--phase2-short-lookup-share", "1", "--phase2-lookup-weight", "3"])
-    assert train_tiny.data_mix(args, 9) == train_tiny.DataMix()          # the defaults: the committed recipe
+    assert train_tiny.data_mix(args, 9) == train_tiny.DataMix()          # the first phase's defaults
+    defaults = train_tiny.parse_args(["--kind", "v41", "--out", "x"])
+    assert train_tiny.data_mix(defaults, 449) == train_tiny.DataMix()
+    assert train_tiny.data_mix(defaults, 450) == train_tiny.DataMix((0.30, 0.35, 0.35), 6, 0.8, 3.0)
+    never = train_tiny.parse_args(["--kind", "v41", "--out", "x", "--phase2-from", "-1"])
+    assert train_tiny.data_mix(never, 10**6) == train_tiny.DataMix()
     late = train_tiny.data_mix(args, 10)
     assert late == train_tiny.DataMix((0.0, 0.0, 1.0), 5, 1.0, 3.0)
     kinds: list = []
