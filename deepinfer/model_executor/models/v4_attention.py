@@ -38,6 +38,7 @@ def _eager_seq_scopes(ctx: StepContext) -> tuple | None:
         return None
     return step.seq_scopes
 
+
 class Compressor(nn.Module):
     def __init__(self, dim: int, width: int, ratio: int, overlap: bool, gated: bool, ape: bool, dtype,
                  out_norm: int):
@@ -200,15 +201,14 @@ class Attention(nn.Module):
         elif (scopes := _eager_seq_scopes(ctx)) is not None:
             # an eager step with prompt chunks: each chunk's rows score the keys its last row sees,
             # gathered and decoded once a chunk; decode rows between them gather their own
-            keys_of: dict[int, torch.Tensor] = {}
-            parts = []
+            scope_of, parts = (None, None), []   # (last row, its scope): ranges come in row order
             for a, b, last in scope_chunks(t, e * (n_i + 3) * 4, own_row, scopes):
                 if last is None:
                     keys = self._own_keys(meta.vis_idx[a:b], io)
                 else:
-                    if last not in keys_of:
-                        keys_of[last] = io.fmt.index.decode(io.index_keys[meta.vis_idx[last]], torch.float32)
-                    keys = keys_of[last]
+                    if scope_of[0] != last:
+                        scope_of = (last, io.fmt.index.decode(io.index_keys[meta.vis_idx[last]], torch.float32))
+                    keys = scope_of[1]
                 parts.append(self._index_rows(self._scores(q[a:b], w[a:b], keys, meta.vis_valid[a:b], ctx),
                                               meta, io, slice(a, b)))
         else:
@@ -326,7 +326,7 @@ class Attention(nn.Module):
                 # a prompt chunk: the records its last row sees, gathered and decoded once; each row
                 # takes its selected columns of them (docs/model.md §3.3)
                 scope = io.fmt.entries.decode(io.entries[meta.scope_idx], q.dtype)
-        records_of: dict[int, torch.Tensor] = {}
+        records_of = [None, None]   # (last row, its scope's records): an eager step's ranges come in row order
 
         def attend(a, b, last=None):
             entries = None
@@ -334,9 +334,9 @@ class Attention(nn.Module):
                 c = cols[a:b]
                 rows = meta.vis_idx[a:b].gather(1, c) if c.numel() else c   # pool rows of the selected entries
                 if last is not None:   # an eager step's prompt chunk: its own scope, gathered once
-                    if last not in records_of:
-                        records_of[last] = io.fmt.entries.decode(io.entries[meta.vis_idx[last]], q.dtype)
-                    entries = records_of[last][c]
+                    if records_of[0] != last:
+                        records_of[:] = last, io.fmt.entries.decode(io.entries[meta.vis_idx[last]], q.dtype)
+                    entries = records_of[1][c]
                 elif scope is None:   # decode: gathered per row from the cache
                     entries = io.fmt.entries.decode(io.entries[rows], q.dtype)
                 else:
