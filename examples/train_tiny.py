@@ -318,17 +318,23 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def data_mix(args, step: int) -> DataMix:
-    """The documents' mix at training step `step`: the --shares / --short-lookup-* / --lookup-weight
-    mix, and from --phase2-from on the --phase2-* one (a second phase once copying has formed)."""
-    second = 0 <= args.phase2_from <= step
-    pre = "phase2_" if second else ""
-    text = getattr(args, pre + "shares")
-    shares = tuple(float(x) for x in text.split(","))
-    if len(shares) != 3 or min(shares) < 0 or sum(shares) <= 0:
-        raise SystemExit(f"shares take three non-negative numbers (count, copy, lookup), got {text!r}")
-    return DataMix(shares, getattr(args, pre + "short_lookup_pairs"), getattr(args, pre + "short_lookup_share"),
-                   getattr(args, pre + "lookup_weight"))
+def data_mixes(args) -> tuple[DataMix, DataMix]:
+    """(the --shares / --short-lookup-* / --lookup-weight mix, the --phase2-* one), both checked."""
+    def mix(pre: str) -> DataMix:
+        text = getattr(args, pre + "shares")
+        shares = tuple(float(x) for x in text.split(","))
+        if len(shares) != 3 or min(shares) < 0 or sum(shares) <= 0:
+            raise SystemExit(f"shares take three non-negative numbers (count, copy, lookup), got {text!r}")
+        return DataMix(shares, getattr(args, pre + "short_lookup_pairs"), getattr(args, pre + "short_lookup_share"),
+                       getattr(args, pre + "lookup_weight"))
+    return mix(""), mix("phase2_")
+
+
+def data_mix(args, step: int, mixes: tuple[DataMix, DataMix] | None = None) -> DataMix:
+    """The documents' mix at training step `step`: the first of `mixes` (default data_mixes(args)),
+    and from --phase2-from on the second (a second phase once copying has formed)."""
+    first, second = mixes or data_mixes(args)
+    return second if 0 <= args.phase2_from <= step else first
 
 
 def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch.Tensor]:
@@ -352,11 +358,12 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=max(args.steps, 1), pct_start=0.05)
     rng = random.Random(f"train/{args.seed}")
+    mixes = data_mixes(args)   # both checked before the first step, not when the second phase starts
     t1, c1 = time.perf_counter(), time.process_time()
     try:
         for it in range(args.steps):
             kinds: list = []
-            batch = training_batch(tok, rng, args.batch, args.seq_len, kinds, data_mix(args, it))
+            batch = training_batch(tok, rng, args.batch, args.seq_len, kinds, data_mix(args, it, mixes))
             kind = torch.tensor([k[1:] for k in kinds]).reshape(-1)
             target = remap[torch.tensor([s[1:] for s, _ in batch]).reshape(-1)]
             weight = torch.tensor([w[1:] for _, w in batch]).reshape(-1)
