@@ -1,6 +1,6 @@
 """The cpu platform's compiled decode step (DEEPINFER_CPU_COMPILE=1, worker/runners/cpu_compiled.py):
 the same greedy tokens as the eager CPU path on both tiny checkpoints with prompts chunked (prompt
-chunks eager, decode steps compiled: prefill == decode == chunked through the compiled path), the
+chunks eager with fused kernels, decode steps compiled: prefill == decode == chunked through the compiled path), the
 same through verification with oracle drafts, and V4's tokens equal transformers' through inductor.
 
 The fast cases compile with aot_eager (the same Dynamo graphs, buckets and padding as inductor, no
@@ -48,8 +48,11 @@ def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, monkeypatch,
     strategy = llm.llm_engine.worker.runner.strategy
     assert strategy.name == "cpu_compiled"
     assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
-    # decode steps ran in row buckets through compiled regions, prompt steps eagerly
+    # decode steps ran in row buckets through compiled regions, prompt steps eagerly with the fused
+    # kernel table (worker/runners/prompt_kernels.py), and the model has its own table back
     assert strategy.num_graphs > 0 and strategy.eager_steps > 0
+    assert strategy.fused_prompt_steps == strategy.eager_steps
+    assert llm.llm_engine.worker.model.kernels is not strategy.prompt_kernels
     assert {t for t, _ in strategy.buckets_seen} <= {1, 2} and strategy.buckets_seen
     assert strategy.compile_s > 0
 

@@ -223,3 +223,23 @@ def test_grouped_and_looped_expert_paths_agree():
     a = moe._grouped_experts(x, idx, w, w13, w2, 10.0)
     b = moe._looped_experts(x, idx, w, w13, w2, 10.0)
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_routed_experts_loop_over_experts_once_they_get_many_rows(monkeypatch):
+    e, dim, inter, k = 4, 8, 4, 2
+    w13, w2 = rnd(e, 2 * inter, dim), rnd(e, dim, inter)
+    calls = []
+    for form in ("_grouped_experts", "_looped_experts"):
+        real = getattr(moe, form)
+        monkeypatch.setattr(moe, form, lambda *a, _f=form, _r=real: (calls.append(_f), _r(*a))[1])
+    for t in (3, moe.LOOPED_MIN_ROWS_PER_EXPERT * e // k):
+        x, gw = rnd(t, dim), rnd(e, dim)
+        idx, w = moe.route(x, gw, None, k, 1.0)
+        got = moe.routed_experts(x, idx, w, w13, w2, 10.0)
+        want = moe._grouped_experts(x, idx, w, w13, w2, 10.0)   # the other form, for comparison
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert calls == ["_grouped_experts", "_grouped_experts", "_looped_experts", "_grouped_experts"]
+    calls.clear()
+    x = rnd(t, dim).requires_grad_()   # training keeps the grouped form (its backward's summation order)
+    moe.routed_experts(x, idx, w, w13, w2, 10.0)
+    assert calls == ["_grouped_experts"]
