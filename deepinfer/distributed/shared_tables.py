@@ -6,8 +6,9 @@ than its weights. So the ranks of one host share one copy:
 1. once every local rank has reached this point (counted in the torch.distributed store), the host's
    lowest local rank (the creator) creates one /dev/shm segment per table (the packed e4m3 codes and
    their ue8m0 exponents, or the dense table), sized from the model, and publishes its name through
-   the store. The name holds a random per-run token, never a pid (a follower does not share its
-   parent's, and a pid is reused);
+   the store. The name holds a random per-run token and names the creator (distributed/shm_owner.py:
+   its pid and start time; the others never derive it from a pid, a follower does not share its
+   parent's);
 2. every other local rank opens the segment (its size checked against the model's), maps it read-only
    and counts itself in the store; a rank that cannot (its model differs: another platform or weight
    format) says so in the store, and the creator, polling for the count, fails at once with its reason
@@ -16,7 +17,8 @@ than its weights. So the ranks of one host share one copy:
    /dev/shm, whichever process dies later, and the memory goes when the last mapping does. The table
    is filled only after that (through the creator's writable mapping), so the window in which a
    killed creator leaves a segment behind is the few milliseconds of step 2: not the checkpoint read,
-   and not the wait for ranks still loading (step 1 comes first);
+   and not the wait for ranks still loading (step 1 comes first); the next creator on the host removes
+   such a leftover (shm_owner.sweep_stale);
 4. the creator publishes "filled" (or the error that stopped it); every rank's Engram host table
    (layers/engram_host.py) is then a view of the mapping (torch.frombuffer: no copy, read-only pages,
    so a stray in-place write faults instead of corrupting the other ranks' table). The tables are no
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import time
 import warnings
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from datetime import timedelta
 
 import torch
 from torch import nn
+
+from deepinfer.distributed import shm_owner
 
 SHM_DIR = "/dev/shm"
 SEGMENT_PREFIX = "deepinfer-engram-"
@@ -200,15 +203,16 @@ class SharedEngramTables:
 
     # -- creator ------------------------------------------------------------------------------------
     def _create(self, tables: list[TableLayout], model_dir, platform) -> dict[str, torch.Tensor]:
-        token = secrets.token_hex(8)
         fds, paths = {}, {}
         others = self.layout.ranks_per_node - 1
         try:
             # create nothing until every local rank is here to map at once: a rank still loading (or
             # dead) must not stretch the window in which a killed creator would leave segments behind
             self._wait_count(self._ready_key(), others, "reached the Engram tables")
+            shm_owner.sweep_stale(SEGMENT_PREFIX, shm_dir=SHM_DIR)
+            token = shm_owner.owned_name(SEGMENT_PREFIX)
             for i, table in enumerate(tables):
-                name = f"{SEGMENT_PREFIX}{token}-n{self.layout.node_rank}-{i}"
+                name = f"{token}-n{self.layout.node_rank}-{i}"
                 path = os.path.join(SHM_DIR, name)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
                 fds[table.module], paths[table.module] = fd, path

@@ -13,20 +13,23 @@ slow reader holds the writer back instead of losing a step. "seq written last" p
 because x86 (TSO) makes stores visible in program order; a host with a weaker memory model would need
 a fence between the payload and the seq.
 
-The segment's name is random (never derived from a pid: a spawned child does not share its parent's)
-and travels through the torch.distributed store; `open` asserts the size and geometry it finds. The
+The segment's name is random and names its creator (shm_owner.owned_name: the pid and the process's
+start time; readers find it through the torch.distributed store, never from a pid, since a spawned
+child does not share its parent's); `open` asserts the size and geometry it finds. The
 segment is reserved with posix_fallocate, so a /dev/shm too small for it fails at creation, not with
 a SIGBUS mid-run. The launcher creates it only once every reader has built its model and waits for it
 (executor/local_ranks.py attach_ring), and the last reader to map it unlinks it (counted through the
-store): a crash can leave it behind only in the moment between the two.
+store): a crash can leave it behind only in the moment between the two, and the next ring created on
+the host removes such a leftover (shm_owner.sweep_stale).
 """
 from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import struct
 import time
+
+from deepinfer.distributed import shm_owner
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "deepinfer-ring-"
@@ -81,7 +84,8 @@ class StepRing:
             raise ValueError(f"step ring: 1 to {MAX_READERS} readers, got {num_readers}")
         if num_slots < 2 or slot_size < 64:
             raise ValueError(f"step ring: needs >= 2 slots of >= 64 bytes, got {num_slots} x {slot_size}")
-        name = NAME_PREFIX + secrets.token_hex(8)
+        shm_owner.sweep_stale(NAME_PREFIX, shm_dir=SHM_DIR)
+        name = shm_owner.owned_name(NAME_PREFIX)
         size = segment_size(num_slots, slot_size)
         fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
