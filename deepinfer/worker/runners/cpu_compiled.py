@@ -8,9 +8,10 @@ every decoder layer runs as one region graph per (layer kind, bucket) (neuron_op
 compiled by torch.compile (inductor by default: the mHC Sinkhorn iterations, the hyper-connection
 pre/post and the other elementwise work of a layer become a few generated loops around the GEMMs).
 Prompt steps fit no bucket and run eagerly, with the kernel table's elementwise kernels (mHC mixes,
-pre / post, RMSNorm, RoPE) compiled once with dynamic shapes (prompt_kernels.py). The compile cost is
-paid when a bucket (or the first prompt step) first runs, or at start-up with
-EngineConfig.warmup_graphs (the worker logs the seconds; `compile_s` sums them).
+pre / post, RMSNorm, RoPE, the compressor's pooling, the sink attention's query chunks) compiled once,
+only their token dimension dynamic (prompt_kernels.py). The compile cost is paid when a bucket (or the
+first prompt step) first runs, or at start-up with EngineConfig.warmup_graphs (the worker logs the
+seconds; `compile_s` sums them).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class CpuCompiledStrategy(NeuronRegionStrategy):
         self.prompt_kernels = None if self.regions is None else fused_kernel_table(model.kernels,
                                                                                     self.regions.backend)
         self.fused_prompt_steps = 0   # prompt steps run with the fused kernel table
+        self._prompt_kernels_built = False   # compiled by warm_up or the first prompt step
 
     def forward(self, step, cache, bucket):
         if bucket is None:   # a prompt step: eager by design, not a missing bucket
@@ -47,7 +49,8 @@ class CpuCompiledStrategy(NeuronRegionStrategy):
             t0 = time.perf_counter()
             with kernels_of(self.model, self.prompt_kernels):
                 logits = self.model(step, cache)
-            if self.fused_prompt_steps == 1:   # the first one compiles the fused kernels (dynamic shapes)
+            if not self._prompt_kernels_built:   # this step compiled the fused kernels
+                self._prompt_kernels_built = True
                 self.compile_s += time.perf_counter() - t0
             return logits
         before, t0 = self.num_graphs, time.perf_counter()
@@ -70,6 +73,7 @@ class CpuCompiledStrategy(NeuronRegionStrategy):
             t0 = time.perf_counter()
             with kernels_of(self.model, self.prompt_kernels):
                 self.model(step_to(step, self.platform.device), cache)
+            self._prompt_kernels_built = True
             self.compile_s += time.perf_counter() - t0
             logger.info("warm-up: the fused prompt-step kernels compiled in %.1f s", time.perf_counter() - t0)
         return graphs
