@@ -90,3 +90,19 @@ def test_inductor_decode_steps_give_transformers_greedy_tokens(tiny_v4_dense_dir
             ref = tf.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:].tolist()
         assert toks == ref
     assert llm.llm_engine.worker.runner.strategy.num_graphs > 0
+
+
+def test_warm_up_compiles_the_regions_and_the_prompt_kernels_before_the_first_request(tiny_v4_dir, monkeypatch,
+                                                                                     cpu_platform):
+    """warmup_graphs=True: every planned region graph and the fused prompt kernels are built at start-up,
+    so the first request compiles nothing, and its tokens are the eager path's."""
+    prompts = prompts_of_lengths([11, 5], seed=7)
+    eager = token_lists(_llm(tiny_v4_dir, enforce_eager=True).generate(prompts, GREEDY, use_tqdm=False))
+    _compiled(monkeypatch)
+    llm = _llm(tiny_v4_dir, warmup_graphs=True)
+    strategy = llm.llm_engine.worker.runner.strategy
+    graphs, compile_s = strategy.num_graphs, strategy.compile_s
+    assert graphs == strategy.plan.graph_count and strategy._prompt_kernels_built and compile_s > 0
+    assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
+    assert strategy.num_graphs == graphs and strategy.compile_s == compile_s
+    assert strategy.fused_prompt_steps > 0
