@@ -1,7 +1,8 @@
 """CPU: the PyTorch path on the host. Steps run eagerly by default; with DEEPINFER_CPU_COMPILE=1
 decode and verification steps run through compiled decoder-layer regions (worker/runners/cpu_compiled.py:
 the region runner and static buckets of Neuron host mode, neuron_ops/regions.py and
-model_executor/static_step.py, compiled by DEEPINFER_CPU_COMPILE_BACKEND), prompt steps eagerly.
+model_executor/static_step.py, compiled by DEEPINFER_CPU_COMPILE_BACKEND), prompt steps eagerly with
+fused elementwise kernels (worker/runners/prompt_kernels.py).
 `enforce_eager` (or DEEPINFER_CPU_COMPILE=0) is the eager fallback."""
 from deepinfer import envs
 from deepinfer.model_executor.static_step import BucketSpec
