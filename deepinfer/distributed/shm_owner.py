@@ -11,7 +11,8 @@ first sweeps the segments of its kind whose creator no longer runs. A segment is
 - /proc/PID is gone or belongs to a process started at another time (the creator died);
 - it is older than STALE_AFTER_S: the window above is far shorter, so a live engine's segment in the
   middle of its start-up is never touched, even one from another PID namespace sharing /dev/shm.
-Unlinking removes only the name: a process that still maps the segment keeps its memory.
+Unlinking removes only the name: a process that still maps the segment keeps its memory. Without
+/proc (no way to tell a dead creator from a live one) nothing is swept.
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def creator_alive(name: str, prefix: str) -> bool | None:
 def sweep_stale(prefix: str, stale_after_s: float = STALE_AFTER_S, shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink the segments named `prefix`... whose creator is gone and that are older than
     `stale_after_s`; returns their names."""
+    if process_start(os.getpid()) is None:   # no /proc here: no way to tell a dead creator from a live one
+        return []
     try:
         names = [n for n in os.listdir(shm_dir) if n.startswith(prefix)]
     except FileNotFoundError:

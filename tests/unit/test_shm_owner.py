@@ -71,3 +71,11 @@ def test_a_new_ring_sweeps_the_leftover_of_a_killed_creator():
         ring.close()
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_without_proc_nothing_is_swept(tmp_path, monkeypatch):
+    pid, start = _dead_process()
+    name = _segment(tmp_path, f"{PREFIX}p{pid}s{start}-aa", age_s=600)
+    monkeypatch.setattr(shm_owner, "process_start", lambda pid: None)   # a host without /proc
+    assert shm_owner.sweep_stale(PREFIX, stale_after_s=60, shm_dir=str(tmp_path)) == []
+    assert os.listdir(tmp_path) == [name]
