@@ -326,16 +326,17 @@ class Attention(nn.Module):
                 # a prompt chunk: the records its last row sees, gathered and decoded once; each row
                 # takes its selected columns of them (docs/model.md §3.3)
                 scope = io.fmt.entries.decode(io.entries[meta.scope_idx], q.dtype)
-        records_of = [None, None]   # (last row, its scope's records): an eager step's ranges come in row order
+        records_of = (None, None)   # (last row, its scope's records): an eager step's ranges come in row order
 
         def attend(a, b, last=None):
+            nonlocal records_of
             entries = None
             if cols is not None:
                 c = cols[a:b]
                 rows = meta.vis_idx[a:b].gather(1, c) if c.numel() else c   # pool rows of the selected entries
                 if last is not None:   # an eager step's prompt chunk: its own scope, gathered once
                     if records_of[0] != last:
-                        records_of[:] = last, io.fmt.entries.decode(io.entries[meta.vis_idx[last]], q.dtype)
+                        records_of = (last, io.fmt.entries.decode(io.entries[meta.vis_idx[last]], q.dtype))
                     entries = records_of[1][c]
                 elif scope is None:   # decode: gathered per row from the cache
                     entries = io.fmt.entries.decode(io.entries[rows], q.dtype)
