@@ -47,7 +47,7 @@ from torch import nn
 
 from deepinfer.distributed import shm_owner
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = shm_owner.SHM_DIR
 SEGMENT_PREFIX = "deepinfer-engram-"
 _ALIGN = 64            # every part of a segment starts on a cache line (and any dtype's alignment)
 _FILLED = b"filled"

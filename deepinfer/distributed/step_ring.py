@@ -31,7 +31,7 @@ import time
 
 from deepinfer.distributed import shm_owner
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = shm_owner.SHM_DIR
 NAME_PREFIX = "deepinfer-ring-"
 _MAGIC = 0x3130474E49524944  # "DIRING01"
 _HEADER = 4096

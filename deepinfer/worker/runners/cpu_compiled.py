@@ -74,6 +74,7 @@ class CpuCompiledStrategy(NeuronRegionStrategy):
             with kernels_of(self.model, self.prompt_kernels):
                 self.model(step_to(step, self.platform.device), cache)
             self._prompt_kernels_built = True
-            self.compile_s += time.perf_counter() - t0
-            logger.info("warm-up: the fused prompt-step kernels compiled in %.1f s", time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.compile_s += seconds
+            logger.info("warm-up: the fused prompt-step kernels compiled in %.1f s", seconds)
         return graphs
