@@ -130,3 +130,16 @@ def test_meta_runs_every_slot():
     x, idx, w = torch.empty(4, 64, device="meta"), torch.zeros(4, 2, dtype=torch.long, device="meta"), \
         torch.empty(4, 2, device="meta")
     assert quant_gemm.fp4_active_experts(x, idx, w, *packed, 32, 7.0).shape == (4, 64)
+
+
+@pytest.mark.parametrize("held_transposed", [False, True])
+def test_an_expert_is_gathered_in_its_stacks_memory_order(held_transposed):
+    """The fp32 stacks are held [E, in, out] in memory (v4_ffn.pack): the gathered expert is then a
+    plain copy, contiguous as [in, out], the layout the eager loop's GEMM reads; a row-major stack
+    gathers [out, in] and is read transposed."""
+    w13, _ = _dense(torch.float32)
+    if held_transposed:
+        w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
+    got = moe.expert_weight_t(w13, torch.tensor([4]))
+    assert torch.equal(got, w13[4].t())
+    assert got.is_contiguous() == held_transposed and got.t().is_contiguous() == (not held_transposed)
