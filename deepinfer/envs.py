@@ -97,6 +97,10 @@ ENV_VARS: list[EnvVar] = [
            "generates fused CPU code; aot_eager traces the same graphs without code generation (fast to "
            "compile, eager speed).",
            ("inductor", "aot_eager")),
+    EnvVar("DEEPINFER_CPU_KEEP_FREED_MEMORY", True, "bool",
+           "cpu platform: when a rank starts, raise glibc's mmap / trim thresholds (256 / 512 MiB, process-"
+           "wide) so each step's buffers reuse freed heap pages instead of faulting in fresh ones "
+           "(platforms/host_allocator.py); 0 leaves the C library's defaults."),
     EnvVar("DEEPINFER_NEURON_HOST", False, "bool",
            "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists. Without a "
            "device, neuron is always host mode."),

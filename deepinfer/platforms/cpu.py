@@ -6,6 +6,7 @@ fused elementwise kernels (worker/runners/prompt_kernels.py).
 `enforce_eager` (or DEEPINFER_CPU_COMPILE=0) is the eager fallback."""
 from deepinfer import envs
 from deepinfer.model_executor.static_step import BucketSpec
+from deepinfer.platforms.host_allocator import keep_freed_memory
 from deepinfer.platforms.interface import Platform
 from deepinfer.platforms.neuron.buckets import batch_buckets, default_context_buckets
 
@@ -18,6 +19,12 @@ class CpuPlatform(Platform):
     default_weight_format = "dense"
     # the float8 guard of Neuron host mode (worker/runners/neuron_regions.py): no device rule to check here
     fp8_guard = False
+
+    def set_device(self, rank: int) -> None:
+        """No device to pick; the rank's process keeps its freed step buffers mapped instead
+        (platforms/host_allocator.py), unless DEEPINFER_CPU_KEEP_FREED_MEMORY=0."""
+        if envs.get("DEEPINFER_CPU_KEEP_FREED_MEMORY"):
+            keep_freed_memory()
 
     @property
     def runner_strategy(self) -> str:
