@@ -16,8 +16,7 @@ Process-wide and glibc-only (musl and other C libraries are left alone); the cpu
 when a rank starts (platforms/cpu.py), DEEPINFER_CPU_KEEP_FREED_MEMORY=0 turns it off."""
 import ctypes
 import logging
-import os
-import sys
+import platform
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +33,9 @@ _applied = False
 
 
 def glibc_version() -> str | None:
-    """'2.36' etc. where this process runs on glibc, else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        name = os.confstr("CS_GNU_LIBC_VERSION") or ""
-    except (ValueError, OSError):
-        return None
-    return name.split()[-1] if name.startswith("glibc") else None
+    """'2.36' etc. where this process runs on glibc, else None (the standard library's answer)."""
+    lib, version = platform.libc_ver()
+    return version if lib == "glibc" else None
 
 
 def keep_freed_memory() -> bool:
