@@ -101,6 +101,10 @@ ENV_VARS: list[EnvVar] = [
            "cpu platform: when a rank starts, raise glibc's mmap / trim thresholds (256 / 512 MiB, process-"
            "wide) so each step's buffers reuse freed heap pages instead of faulting in fresh ones "
            "(platforms/host_allocator.py); 0 leaves the C library's defaults."),
+    EnvVar("DEEPINFER_CPU_BF16_HEAD", True, "bool",
+           "cpu platform, fp32 models: an LM head whose values are all bf16 (a bf16 checkpoint head) also "
+           "keeps a bf16 copy, which steps of at most 16 logits rows multiply with the C kernel of "
+           "layers/bf16_rows_gemm.py (exact fp32 products, half the bytes read); 0 keeps the fp32 GEMM only."),
     EnvVar("DEEPINFER_NEURON_HOST", False, "bool",
            "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists. Without a "
            "device, neuron is always host mode."),

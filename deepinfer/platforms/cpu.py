@@ -4,11 +4,39 @@ the region runner and static buckets of Neuron host mode, neuron_ops/regions.py 
 model_executor/static_step.py, compiled by DEEPINFER_CPU_COMPILE_BACKEND), prompt steps eagerly with
 fused elementwise kernels (worker/runners/prompt_kernels.py).
 `enforce_eager` (or DEEPINFER_CPU_COMPILE=0) is the eager fallback."""
+import logging
+
+import torch
+
 from deepinfer import envs
 from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.platforms.host_allocator import keep_freed_memory
 from deepinfer.platforms.interface import Platform
 from deepinfer.platforms.neuron.buckets import batch_buckets, default_context_buckets
+
+logger = logging.getLogger(__name__)
+
+
+def keep_bf16_head(model) -> bool:
+    """Add `head.weight_bf16` (a non-persistent buffer, out of the state dict) when the head is fp32,
+    bf16-valued, the kernel builds and the rank runs one torch thread; True when it did. The kernel
+    runs on one thread: with two, torch's fp32 GEMM reads the fp32 head on both cores as fast as the
+    kernel reads the bf16 one on one (`examples/bench/bench_bf16_head.py --threads 2`: 0.99x at 1 row,
+    0.88x at 8), so a multi-threaded rank keeps the GEMM."""
+    if torch.get_num_threads() != 1:
+        return False
+    from deepinfer.model_executor.layers import bf16_rows_gemm
+    from deepinfer.model_executor.layers.head_gemm import BF16_KERNEL_MAX_ROWS
+    head = getattr(model, "head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or weight.device.type != "cpu" or not bf16_rows_gemm.holds_as_bf16(weight.data):
+        return False
+    if not bf16_rows_gemm.available():
+        return False
+    head.register_buffer("weight_bf16", weight.data.to(torch.bfloat16).contiguous(), persistent=False)
+    logger.info("LM head: a bf16 copy (%.0f MiB) for steps of up to %d logits rows (layers/head_gemm.py)",
+                head.weight_bf16.numel() * 2 / 2**20, BF16_KERNEL_MAX_ROWS)
+    return True
 
 
 class CpuPlatform(Platform):
@@ -44,8 +72,18 @@ class CpuPlatform(Platform):
                           max_model_len=engine_config.max_model_len,
                           verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0))
 
+    def kernel_weight_layouts(self, model) -> None:
+        """An fp32 LM head whose values are all bf16 (a checkpoint's bf16 head, widened at load) also
+        keeps a bf16 copy, `head.weight_bf16`, which small-row steps multiply with the bf16-weight
+        kernel (layers/head_gemm.py, layers/bf16_rows_gemm.py): the same fp32 products from half the
+        bytes. Ranks of one torch thread only (keep_bf16_head), unless DEEPINFER_CPU_BF16_HEAD=0, or the
+        kernel cannot be built here."""
+        if envs.get("DEEPINFER_CPU_BF16_HEAD"):
+            keep_bf16_head(model)
+
     def signature(self) -> dict:
-        return {**super().signature(), "compile_backend": envs.get("DEEPINFER_CPU_COMPILE_BACKEND")}
+        return {**super().signature(), "compile_backend": envs.get("DEEPINFER_CPU_COMPILE_BACKEND"),
+                "bf16_head": bool(envs.get("DEEPINFER_CPU_BF16_HEAD"))}
 
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner

@@ -6,10 +6,23 @@ head lives in [D, V] memory order (models/deepseek_v4.py post_load), so `h @ W.t
 over a contiguous [D, V] matrix. On the project's 2-core CPUs that is the fastest orientation at 1 and
 4 rows and within the noise at 8 rows; F.linear over the row-major [V, D] weight was faster only at
 2 rows and W @ h.T only at 16, and holding a second layout for those would double the head's bytes.
-bf16 heads stay row-major, where the plain `h @ W.t()` is the fastest form."""
+bf16 heads stay row-major, where the plain `h @ W.t()` is the fastest form.
+
+An fp32 head whose values are all bf16 may also carry a bf16 copy (the cpu platform adds it on ranks of
+one thread: platforms/cpu.py, DEEPINFER_CPU_BF16_HEAD): up to BF16_KERNEL_MAX_ROWS rows then go
+through the bf16-weight kernel (layers/bf16_rows_gemm.py), which computes the same fp32 products from
+half the bytes. Measured on this 2-core machine, one thread, the 129,280 x 256 head, variants
+alternated (`examples/bench/bench_bf16_head.py`): fp32 GEMM / kernel 1.86 at 1 row, 1.77 at 2, 1.93 at
+4, 1.79 at 8, 1.21 at 16 and 0.80 at 32, where the kernel's arithmetic, not the bytes, is the limit."""
 import torch
 
+from deepinfer.model_executor.layers import bf16_rows_gemm  # noqa: F401  (registers deepinfer::bf16_rows_gemm)
 
-def head_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """h [T, D] @ weight[V, D]^T -> fp32 [T, V]."""
+BF16_KERNEL_MAX_ROWS = 16
+
+
+def head_logits(h: torch.Tensor, weight: torch.Tensor, bf16_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """h [T, D] @ weight[V, D]^T -> fp32 [T, V]; bf16_weight: the same values as bf16, or None."""
+    if bf16_weight is not None and h.dtype == torch.float32 and h.shape[0] <= BF16_KERNEL_MAX_ROWS:
+        return torch.ops.deepinfer.bf16_rows_gemm(h, bf16_weight)
     return (h @ weight.t()).float()

@@ -318,8 +318,9 @@ class DeepseekV4Model(nn.Module):
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits of this rank's head rows: [N, V], or [N, V / cp] of vocab_shard's tokens."""
-        # the orientation is chosen by measurement in layers/head_gemm.py
-        return head_logits(h, self.head.weight)
+        # the orientation is chosen by measurement in layers/head_gemm.py; weight_bf16: the platform's
+        # bf16 copy of a bf16-valued fp32 head, when it keeps one (platforms/cpu.py)
+        return head_logits(h, self.head.weight, getattr(self.head, "weight_bf16", None))
 
     def map_fp8_codes(self, convert) -> None:
         """Replace every packed e4m3 weight's (codes, exponents) by convert(codes, exponents): a platform's
