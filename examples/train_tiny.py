@@ -482,18 +482,10 @@ def main(argv=None) -> int:
         # of the whole cache, so a cache larger than the batch costs time every step (the draft
         # distillation runs one sequence at a time in slot 1)
         blocks = args.batch * -(-max_len // 16) + 8
-        # training writes the head in place, so the cpu platform's bf16 copy of it (layers/head_gemm.py)
-        # would go stale: this engine keeps the fp32 head only
-        before = os.environ.get("DEEPINFER_CPU_BF16_HEAD")
-        os.environ["DEEPINFER_CPU_BF16_HEAD"] = "0"
-        try:
+        # training writes the heads in place: no bf16 copies of them (distill_tiny_drafts.fp32_vocab_heads)
+        with _tool("distill_tiny_drafts").fp32_vocab_heads():
             llm = LLM(model=source, dtype="float32", max_model_len=max_len, max_num_seqs=args.batch,
                       weight_format="dense", enforce_eager=True, num_kv_blocks=blocks)
-        finally:
-            if before is None:
-                del os.environ["DEEPINFER_CPU_BF16_HEAD"]
-            else:
-                os.environ["DEEPINFER_CPU_BF16_HEAD"] = before
         assert not hasattr(llm.llm_engine.worker.model.head, "weight_bf16")
     finally:
         shutil.rmtree(work, ignore_errors=True)

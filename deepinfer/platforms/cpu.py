@@ -18,25 +18,33 @@ logger = logging.getLogger(__name__)
 
 
 def keep_bf16_head(model) -> bool:
-    """Add `head.weight_bf16` (a non-persistent buffer, out of the state dict) when the head is fp32,
-    bf16-valued, the kernel builds and the rank runs one torch thread; True when it did. The kernel
-    runs on one thread: with two, torch's fp32 GEMM reads the fp32 head on both cores as fast as the
-    kernel reads the bf16 one on one (`examples/bench/bench_bf16_head.py --threads 2`: 0.99x at 1 row,
-    0.88x at 8), so a multi-threaded rank keeps the GEMM."""
-    if torch.get_num_threads() != 1:
-        return False
+    """Add `weight_bf16` (a non-persistent buffer, out of the state dict) to each vocabulary-wide head
+    (the LM head; a V4.1 model's DSpark Markov head, models/dspark_draft.py) that is fp32 and bf16-valued,
+    when the kernel builds and the rank runs one torch thread; True when one got it. The kernel runs on
+    one thread: with two, torch's fp32 GEMM reads the fp32 head on both cores as fast as the kernel
+    reads the bf16 one on one (`examples/bench/bench_bf16_head.py --threads 2`: 0.99x at 1 row, 0.88x
+    at 8), so a multi-threaded rank keeps the GEMM."""
     from deepinfer.model_executor.layers import bf16_rows_gemm
     from deepinfer.model_executor.layers.head_gemm import BF16_KERNEL_MAX_ROWS
-    head = getattr(model, "head", None)
-    weight = getattr(head, "weight", None)
-    if weight is None or weight.device.type != "cpu" or not bf16_rows_gemm.holds_as_bf16(weight.data):
+    if torch.get_num_threads() != 1:
         return False
-    if not bf16_rows_gemm.available():
-        return False
-    head.register_buffer("weight_bf16", weight.data.to(torch.bfloat16).contiguous(), persistent=False)
-    logger.info("LM head: a bf16 copy (%.0f MiB) for steps of up to %d logits rows (layers/head_gemm.py)",
-                head.weight_bf16.numel() * 2 / 2**20, BF16_KERNEL_MAX_ROWS)
-    return True
+    heads = [getattr(model, "head", None)]
+    mtp = getattr(model, "mtp", None)
+    if mtp is not None and len(mtp) and hasattr(mtp[-1], "markov_head"):
+        heads.append(mtp[-1].markov_head.head)
+    kept = 0
+    for head in heads:
+        weight = getattr(head, "weight", None)
+        if weight is None or weight.device.type != "cpu" or not bf16_rows_gemm.holds_as_bf16(weight.data):
+            continue
+        if not bf16_rows_gemm.available():
+            return False
+        head.register_buffer("weight_bf16", weight.data.to(torch.bfloat16).contiguous(), persistent=False)
+        kept += head.weight_bf16.numel() * 2
+    if kept:
+        logger.info("vocabulary heads: bf16 copies (%.0f MiB) for steps of up to %d rows (layers/head_gemm.py)",
+                    kept / 2**20, BF16_KERNEL_MAX_ROWS)
+    return bool(kept)
 
 
 class CpuPlatform(Platform):

@@ -32,6 +32,7 @@ Deterministic for a seed and --threads (seeded prompts, anchors and initial stat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -227,14 +228,31 @@ def write_checkpoint(src: str, dst: str, model) -> int:
     return written
 
 
+@contextlib.contextmanager
+def fp32_vocab_heads():
+    """Engines built inside keep their vocabulary heads fp32 only: training writes those weights in
+    place, so the cpu platform's bf16 copies of them (layers/head_gemm.py, DEEPINFER_CPU_BF16_HEAD)
+    would go stale."""
+    before = os.environ.get("DEEPINFER_CPU_BF16_HEAD")
+    os.environ["DEEPINFER_CPU_BF16_HEAD"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["DEEPINFER_CPU_BF16_HEAD"]
+        else:
+            os.environ["DEEPINFER_CPU_BF16_HEAD"] = before
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     from deepinfer import LLM
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, dtype="float32", max_model_len=args.prompt_len + args.gen_len + 8,
-              max_num_seqs=min(max(args.prompts, args.heldout), 64), weight_format="dense", enforce_eager=True)
+    with fp32_vocab_heads():
+        llm = LLM(model=args.model, dtype="float32", max_model_len=args.prompt_len + args.gen_len + 8,
+                  max_num_seqs=min(max(args.prompts, args.heldout), 64), weight_format="dense", enforce_eager=True)
     engine = llm.llm_engine
     model, cfg = engine.worker.model, engine.model_config
     if not cfg.is_v41 or not cfg.num_nextn_predict_layers:

@@ -111,3 +111,21 @@ def test_the_platform_keeps_a_bf16_copy_only_of_a_bf16_valued_head(monkeypatch, 
     CpuPlatform().kernel_weight_layouts(model)
     assert not hasattr(model.head, "weight_bf16")
     assert CpuPlatform().signature()["bf16_head"] is False
+
+
+def test_the_markov_head_gets_a_copy_too_and_training_takes_the_gemm(one_thread):
+    _, w = _operands(1, 300, 64, seed=12)
+    _, wm = _operands(1, 300, 32, seed=13)
+    model = _model_with_head(w.float())
+    blk = nn.Module()
+    blk.markov_head = nn.Module()
+    blk.markov_head.head = nn.Linear(32, 300, bias=False)
+    blk.markov_head.head.weight.data = wm.float()
+    model.mtp = nn.ModuleList([blk])
+    assert keep_bf16_head(model)
+    assert torch.equal(blk.markov_head.head.weight_bf16, wm)
+    # with autograd recording (a training step), the GEMM: the kernel has no backward
+    h = torch.randn(2, 32, requires_grad=True)
+    out = head_logits(h, blk.markov_head.head.weight, blk.markov_head.head.weight_bf16)
+    out.sum().backward()
+    assert torch.allclose(h.grad, blk.markov_head.head.weight.sum(0).expand(2, -1))

@@ -75,14 +75,16 @@ static inline float lanes_sum(v16 a) {
     return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-/* one output: the row's 32-value chunks, lane l of a chunk adding even * x_even + odd * x_odd */
+/* one output: the row's 32-value chunks, lane l of a chunk adding even * x_even, then odd * x_odd
+   (the order group() adds them in) */
 static inline float dot1(const float *xp, const uint16_t *w0, int64_t D) {
     v16 acc = {0}, ev, od, xe, xo;
     for (int64_t d = 0; d < D; d += CHUNK) {
         widen32(w0 + d, &ev, &od);
         memcpy(&xe, xp + d, sizeof xe);
         memcpy(&xo, xp + d + 16, sizeof xo);
-        acc += ev * xe + od * xo;
+        acc += ev * xe;
+        acc += od * xo;
     }
     return lanes_sum(acc);
 }
@@ -108,7 +110,10 @@ static inline __attribute__((always_inline)) void group(const float *hp, const u
                 v16 xe, xo;
                 memcpy(&xe, x0 + i * D + d, sizeof xe);
                 memcpy(&xo, x0 + i * D + d + 16, sizeof xo);
-                for (int j = 0; j < 4; j++) acc[i][j] += ev[j] * xe + od[j] * xo;
+                for (int j = 0; j < 4; j++) {   /* two FMAs: (ev * xe + od * xo) + acc would be a mul, an FMA and an add */
+                    acc[i][j] += ev[j] * xe;
+                    acc[i][j] += od[j] * xo;
+                }
             }
         }
         for (int i = 0; i < MG; i++)

@@ -12,8 +12,11 @@ An fp32 head whose values are all bf16 may also carry a bf16 copy (the cpu platf
 one thread: platforms/cpu.py, DEEPINFER_CPU_BF16_HEAD): up to BF16_KERNEL_MAX_ROWS rows then go
 through the bf16-weight kernel (layers/bf16_rows_gemm.py), which computes the same fp32 products from
 half the bytes. Measured on this 2-core machine, one thread, the 129,280 x 256 head, variants
-alternated (`examples/bench/bench_bf16_head.py`): fp32 GEMM / kernel 1.86 at 1 row, 1.77 at 2, 1.93 at
-4, 1.79 at 8, 1.21 at 16 and 0.80 at 32, where the kernel's arithmetic, not the bytes, is the limit."""
+alternated (`examples/bench/bench_bf16_head.py`): fp32 GEMM / kernel 1.96 at 1 row, 2.21 at 2, 2.09 at
+4, 1.89 at 8, 1.32 at 16 and 0.93 at 32, where the arithmetic is the limit (the fp32 GEMM runs at
+about one 16-wide FMA a cycle there, and so does the kernel). The head is 132 MB as fp32 and 66 MB
+as bf16 against a 300 MiB L3 shared with other machines: how much of either stays cached between
+steps varies, and so do these times (the kernel took 2.4-4.7 ms at 1 row across runs)."""
 import torch
 
 from deepinfer.model_executor.layers import bf16_rows_gemm  # noqa: F401  (registers deepinfer::bf16_rows_gemm)
@@ -23,6 +26,8 @@ BF16_KERNEL_MAX_ROWS = 16
 
 def head_logits(h: torch.Tensor, weight: torch.Tensor, bf16_weight: torch.Tensor | None = None) -> torch.Tensor:
     """h [T, D] @ weight[V, D]^T -> fp32 [T, V]; bf16_weight: the same values as bf16, or None."""
-    if bf16_weight is not None and h.dtype == torch.float32 and h.shape[0] <= BF16_KERNEL_MAX_ROWS:
+    # the kernel has no backward: a step that trains the head takes the GEMM
+    training = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    if bf16_weight is not None and not training and h.dtype == torch.float32 and h.shape[0] <= BF16_KERNEL_MAX_ROWS:
         return torch.ops.deepinfer.bf16_rows_gemm(h, bf16_weight)
     return (h @ weight.t()).float()

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model_executor.forward_meta import CacheLayout, StepInputs
-from deepinfer.model_executor.layers.packed_weights import linear_mm
+from deepinfer.model_executor.layers.head_gemm import head_logits
+from deepinfer.model_executor.layers.packed_weights import is_packed, linear_mm
 from deepinfer.model_executor.models.v4_common import StepContext
 
 CONFIDENCE_TEMPERATURE = 1.0  # upstream DeepInfer's default T_c (docs/model.md §3.8 step 6)
@@ -244,8 +245,12 @@ def markov_embed(model, prev_ids: torch.Tensor) -> torch.Tensor:
 
 
 def markov_logits(model, prev_e: torch.Tensor) -> torch.Tensor:
-    """Wm2 . Wm1[prev] (fp32 [N, V]), added to the base logits of the row."""
-    return linear_mm(prev_e, model.mtp[-1].markov_head.head, model.kernels).float()
+    """Wm2 . Wm1[prev] (fp32 [N, V]), added to the base logits of the row. A dense Wm2 goes through
+    the LM head's GEMM (layers/head_gemm.py: its bf16 copy, where the platform keeps one)."""
+    lin = model.mtp[-1].markov_head.head
+    if is_packed(lin):
+        return linear_mm(prev_e, lin, model.kernels).float()
+    return head_logits(prev_e, lin.weight, getattr(lin, "weight_bf16", None))
 
 
 def confidence(model, hidden: torch.Tensor, prev_e: torch.Tensor,
