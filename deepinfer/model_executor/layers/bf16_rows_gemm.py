@@ -247,4 +247,5 @@ def holds_as_bf16(weight: torch.Tensor) -> bool:
     bf16 checkpoint tensor widened at load is) and its rows suit the kernel."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % LANES:
         return False
-    return bool(torch.equal(weight.to(torch.bfloat16).float(), weight))
+    rows = max(1, (16 << 20) // max(1, weight.shape[1]))   # 64 MiB of fp32 a check: no full-size temporaries
+    return all(torch.equal(part.to(torch.bfloat16).float(), part) for part in weight.split(rows))
