@@ -1,5 +1,5 @@
 """layers/bf16_rows_gemm.py: fp32 rows x a bf16 weight gives the fp32 GEMM's values to fp32 rounding,
-an output's bits do not depend on the batch or the thread count, bad arguments are refused, compiled
+an output's bits do not depend on the batch, bad arguments are refused, compiled
 regions call it, and the cpu platform keeps a bf16 head copy only when the head's values are bf16."""
 import pytest
 import torch

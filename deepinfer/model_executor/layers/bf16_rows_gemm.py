@@ -1,18 +1,18 @@
 """fp32 rows times a bf16 weight, exactly as fp32: out[m, v] = sum_d h[m, d] * float(w[v, d]).
 
-Why (README "Compiled CPU decode step", "An LM head held in bf16"): a checkpoint's LM head is bf16
+Why (README "Compiled CPU decode step", "The LM head read as bf16"): a checkpoint's LM head is bf16
 (docs/model.md §7), and an fp32 engine widens it to fp32, so every decode step reads twice the bytes
 the head holds: 132 MB for the 129,280 x 256 tiny head, about 7.5 ms at one row on these CPUs, half a
 batch-1 step. Widening a bf16 value to fp32 is exact (a 16-bit shift), so a kernel that reads the bf16
 bytes and widens them in registers computes the same products as the fp32 GEMM, accumulates them in
 fp32 as it does, and reads half the bytes. Only the summation order differs from MKL's (each output
-sums its D products in 16 fp32 lanes, then the lanes in order), so results agree with the fp32 GEMM to
+sums its D products in 16 fp32 lanes, then the lanes as a fixed tree), so results agree with the fp32 GEMM to
 fp32 rounding, and an output depends only on its own h row and w row: the same bits whatever the
 batch.
 
 torch has no CPU op for fp32 x bf16 -> fp32 (aten::mm.dtype is CUDA only; a bf16 GEMM rounds its
 output to bf16, and widening the weight per call is slower than the fp32 GEMM), so the kernel is C,
-built once per machine with the system compiler (the one inductor uses) into a cache directory, and
+built once per machine with the system C compiler ($CC, else cc) into a cache directory, and
 called through ctypes as the custom op `deepinfer::bf16_rows_gemm` (a fake gives compiled regions its
 shape). `available()` is False where the build fails: callers then keep the fp32 weight.
 
@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 
 # GCC vector extensions, so the same source compiles where AVX-512 is missing (the compiler splits a
 # 64-byte vector into what the machine has). Work split: vocabulary tiles of TILE rows (a tile of a
-# 256-wide head is 128 KiB of bf16, kept in L2 while every group of up to 4 rows reads it), two weight
-# rows x up to four h rows per inner loop (8 independent accumulators hide the FMA latency).
+# 256-wide head is 128 KiB of bf16, kept in L2 while every group of up to 4 rows reads it), four weight
+# rows x up to four h rows per inner loop (16 independent accumulators hide the FMA latency).
 _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
