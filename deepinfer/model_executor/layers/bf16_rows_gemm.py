@@ -1,7 +1,7 @@
 """fp32 rows times a bf16 weight, exactly as fp32: out[m, v] = sum_d h[m, d] * float(w[v, d]).
 
 Why (README "Compiled CPU decode step", "The LM head read as bf16"): a checkpoint's LM head is bf16
-(docs/model.md §7), and an fp32 engine widens it to fp32, so every decode step reads twice the bytes
+(docs/model.md §2), and an fp32 engine widens it to fp32, so every decode step reads twice the bytes
 the head holds: 132 MB for the 129,280 x 256 tiny head, about 7.5 ms at one row on these CPUs, half a
 batch-1 step. Widening a bf16 value to fp32 is exact (a 16-bit shift), so a kernel that reads the bf16
 bytes and widens them in registers computes the same products as the fp32 GEMM, accumulates them in
