@@ -188,6 +188,18 @@ def get(name: str) -> Any:
     return row.parse(raw)
 
 
+def user_cache_dir(*parts: str) -> str:
+    """deepinfer's directory under the user's cache ($XDG_CACHE_HOME, else ~/.cache), joined with parts:
+    where the Neuron compile cache and the CPU kernels built at first use live."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "deepinfer", *parts)
+
+
+def c_compiler() -> str:
+    """The C compiler that builds deepinfer's CPU kernels: $CC, else cc."""
+    return os.environ.get("CC") or "cc"
+
+
 def __getattr__(attr: str) -> Any:
     # `envs.DEEPINFER_X` reads lazily, like get().
     if attr in _BY_NAME:

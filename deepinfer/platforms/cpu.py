@@ -35,12 +35,13 @@ def keep_bf16_head(model) -> bool:
     kept = 0
     for head in heads:
         weight = getattr(head, "weight", None)
-        if weight is None or weight.device.type != "cpu" or not bf16_rows_gemm.holds_as_bf16(weight.data):
+        copy = None if weight is None or weight.device.type != "cpu" else bf16_rows_gemm.exact_bf16_copy(weight.data)
+        if copy is None:
             continue
         if not bf16_rows_gemm.available():
             return False
-        head.register_buffer("weight_bf16", weight.data.to(torch.bfloat16).contiguous(), persistent=False)
-        kept += head.weight_bf16.numel() * 2
+        head.register_buffer("weight_bf16", copy, persistent=False)
+        kept += copy.numel() * 2
     if kept:
         logger.info("vocabulary heads: bf16 copies (%.0f MiB) for steps of up to %d rows (layers/head_gemm.py)",
                     kept / 2**20, BF16_KERNEL_MAX_ROWS)

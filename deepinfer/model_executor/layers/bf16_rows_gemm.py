@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from deepinfer import envs
+
 logger = logging.getLogger(__name__)
 
 # GCC vector extensions, so the same source compiles where AVX-512 is missing (the compiler splits a
@@ -169,11 +171,6 @@ _lib = None          # the loaded library, False once a build failed
 LANES = 32           # D must be a multiple of this (a 64-byte line of bf16 a step)
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "deepinfer" / "kernels"
-
-
 def _cpu_key() -> str:
     # -march=native ties the binary to this CPU's instruction set: key the cache by it
     try:
@@ -184,9 +181,9 @@ def _cpu_key() -> str:
 
 
 def _build() -> ctypes.CDLL:
-    compiler = os.environ.get("CC", "cc")
+    compiler = envs.c_compiler()
     key = hashlib.sha256("\n".join([_SOURCE, " ".join(_FLAGS), compiler, _cpu_key()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"bf16_rows_gemm_{key}.so"
+    out = Path(envs.user_cache_dir("kernels")) / f"bf16_rows_gemm_{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -226,7 +223,7 @@ def bf16_rows_gemm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1] or w.shape[1] % LANES:
         raise ValueError(f"bf16_rows_gemm: expected h [M, D], w [V, D] with D a multiple of {LANES}, "
                          f"got {tuple(h.shape)} and {tuple(w.shape)}")
-    if not available():
+    if not (_lib or available()):   # loaded already: no lock on the per-step path
         raise RuntimeError("bf16_rows_gemm: the kernel could not be built (see the log)")
     h, w = h.contiguous(), w.contiguous()
     m, d = h.shape
@@ -242,10 +239,17 @@ def _(h, w):
     return h.new_empty(h.shape[0], w.shape[0])
 
 
-def holds_as_bf16(weight: torch.Tensor) -> bool:
-    """Whether an fp32 weight can be held as bf16 with no change: every value is a bf16 value (as a
-    bf16 checkpoint tensor widened at load is) and its rows suit the kernel."""
+def exact_bf16_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """A row-major bf16 copy of an fp32 weight whose every value is a bf16 value (as a bf16 checkpoint
+    tensor widened at load is) and whose rows suit the kernel; None otherwise. Converted once, in
+    slices of 64 MiB of fp32, each checked as it is written: no full-size temporaries."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % LANES:
-        return False
-    rows = max(1, (16 << 20) // max(1, weight.shape[1]))   # 64 MiB of fp32 a check: no full-size temporaries
-    return all(torch.equal(part.to(torch.bfloat16).float(), part) for part in weight.split(rows))
+        return None
+    copy = torch.empty(weight.shape, dtype=torch.bfloat16, device=weight.device)
+    rows = max(1, (16 << 20) // max(1, weight.shape[1]))
+    for start in range(0, weight.shape[0], rows):
+        part, dst = weight[start:start + rows], copy[start:start + rows]
+        dst.copy_(part)
+        if not torch.equal(dst.float(), part):
+            return None
+    return copy

@@ -20,8 +20,7 @@ DEVICE_CACHE_VARS = ("TORCH_NEURONX_NEFF_CACHE_DIR", "NEURON_COMPILE_CACHE_URL")
 
 
 def default_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "deepinfer", "neuron-compile")
+    return envs.user_cache_dir("neuron-compile")
 
 
 def resolve_dir(engine_value: str | None) -> str:
