@@ -102,9 +102,14 @@ ENV_VARS: list[EnvVar] = [
            "wide) so each step's buffers reuse freed heap pages instead of faulting in fresh ones "
            "(platforms/host_allocator.py); 0 leaves the C library's defaults."),
     EnvVar("DEEPINFER_CPU_BF16_HEAD", True, "bool",
-           "cpu platform, fp32 models: an LM head whose values are all bf16 (a bf16 checkpoint head) also "
-           "keeps a bf16 copy, which steps of at most 16 logits rows multiply with the C kernel of "
-           "layers/bf16_rows_gemm.py (exact fp32 products, half the bytes read); 0 keeps the fp32 GEMM only."),
+           "cpu platform, fp32 models, ranks of one thread: an LM head whose values are all bf16 (a bf16 "
+           "checkpoint head) also keeps a bf16 copy, which a C kernel multiplies in fp32 from half the bytes "
+           "(DEEPINFER_CPU_BF16_HEAD_KERNEL says which); 0 keeps the fp32 GEMM only."),
+    EnvVar("DEEPINFER_CPU_BF16_HEAD_KERNEL", "auto", "choice",
+           "Which kernel multiplies the bf16 head copy: tiles (layers/bf16_tiles_gemm.py, the CPU's AMX "
+           "unit, every row count), rows (layers/bf16_rows_gemm.py, vector FMAs, steps of at most 16 rows), "
+           "or auto: tiles where the CPU has AMX and the head's shape suits it, else rows.",
+           ("auto", "tiles", "rows")),
     EnvVar("DEEPINFER_NEURON_HOST", False, "bool",
            "Run the Neuron platform in host mode (on CPU) even where a Neuron device exists. Without a "
            "device, neuron is always host mode."),

@@ -17,34 +17,49 @@ from deepinfer.platforms.neuron.buckets import batch_buckets, default_context_bu
 logger = logging.getLogger(__name__)
 
 
-def keep_bf16_head(model) -> bool:
+def _bf16_head_copy(weight: torch.Tensor, kernel: str) -> torch.Tensor | None:
+    """The bf16 copy of one fp32 head for `kernel` (tiles: packed for AMX; rows: row-major), or None
+    where the head is not bf16-valued or no kernel that suits it is usable here."""
+    from deepinfer.model_executor.layers import bf16_rows_gemm, bf16_tiles_gemm
+    copy = bf16_rows_gemm.exact_bf16_copy(weight)
+    if copy is None:
+        return None
+    fits_tiles = copy.shape[0] % bf16_tiles_gemm.ROWS == 0 and copy.shape[1] % bf16_tiles_gemm.COLS == 0
+    if kernel in ("auto", "tiles") and fits_tiles and bf16_tiles_gemm.available():
+        return bf16_tiles_gemm.pack_tiles(copy)
+    if kernel in ("auto", "rows") and bf16_rows_gemm.available():
+        return copy
+    return None
+
+
+def keep_bf16_head(model, kernel: str = "auto") -> bool:
     """Add `weight_bf16` (a non-persistent buffer, out of the state dict) to each vocabulary-wide head
     (the LM head; a V4.1 model's DSpark Markov head, models/dspark_draft.py) that is fp32 and bf16-valued,
-    when the kernel builds and the rank runs one torch thread; True when one got it. The kernel runs on
-    one thread: with two, torch's fp32 GEMM reads the fp32 head on both cores as fast as the kernel
-    reads the bf16 one on one (`examples/bench/bench_bf16_head.py --threads 2`: 0.99x at 1 row, 0.88x
-    at 8), so a multi-threaded rank keeps the GEMM."""
-    from deepinfer.model_executor.layers import bf16_rows_gemm
-    from deepinfer.model_executor.layers.head_gemm import BF16_KERNEL_MAX_ROWS
+    when a kernel for it is usable here and the rank runs one torch thread; True when one got it.
+    `kernel` (DEEPINFER_CPU_BF16_HEAD_KERNEL): tiles packs the copy for the AMX kernel
+    (layers/bf16_tiles_gemm.py), rows keeps it row-major for the vector kernel
+    (layers/bf16_rows_gemm.py), auto takes tiles where it can. The kernels run on one thread: with two,
+    torch's fp32 GEMM reads the fp32 head on both cores as fast as the rows kernel reads the bf16 one on
+    one (`examples/bench/bench_bf16_head.py --threads 2`: 0.99x at 1 row, 0.88x at 8), so a
+    multi-threaded rank keeps the GEMM."""
     if torch.get_num_threads() != 1:
         return False
     heads = [getattr(model, "head", None)]
     mtp = getattr(model, "mtp", None)
     if mtp is not None and len(mtp) and hasattr(mtp[-1], "markov_head"):
         heads.append(mtp[-1].markov_head.head)
-    kept = 0
+    kept, forms = 0, set()
     for head in heads:
         weight = getattr(head, "weight", None)
-        copy = None if weight is None or weight.device.type != "cpu" else bf16_rows_gemm.exact_bf16_copy(weight.data)
+        copy = None if weight is None or weight.device.type != "cpu" else _bf16_head_copy(weight.data, kernel)
         if copy is None:
             continue
-        if not bf16_rows_gemm.available():
-            return False
         head.register_buffer("weight_bf16", copy, persistent=False)
         kept += copy.numel() * 2
+        forms.add("tiles (AMX)" if copy.dim() == 5 else "rows")
     if kept:
-        logger.info("vocabulary heads: bf16 copies (%.0f MiB) for steps of up to %d rows (layers/head_gemm.py)",
-                    kept / 2**20, BF16_KERNEL_MAX_ROWS)
+        logger.info("vocabulary heads: bf16 copies (%.0f MiB) for the %s kernel (layers/head_gemm.py)",
+                    kept / 2**20, " and ".join(sorted(forms)))
     return bool(kept)
 
 
@@ -83,16 +98,17 @@ class CpuPlatform(Platform):
 
     def kernel_weight_layouts(self, model) -> None:
         """An fp32 LM head whose values are all bf16 (a checkpoint's bf16 head, widened at load) also
-        keeps a bf16 copy, `head.weight_bf16`, which small-row steps multiply with the bf16-weight
-        kernel (layers/head_gemm.py, layers/bf16_rows_gemm.py): the same fp32 products from half the
-        bytes. Ranks of one torch thread only (keep_bf16_head), unless DEEPINFER_CPU_BF16_HEAD=0, or the
+        keeps a bf16 copy, `head.weight_bf16`, which a bf16-weight kernel multiplies (layers/head_gemm.py:
+        the AMX tiles kernel at any row count, or the vector rows kernel at small row counts): the same
+        fp32 products from half the bytes. Ranks of one torch thread only (keep_bf16_head), unless DEEPINFER_CPU_BF16_HEAD=0, or the
         kernel cannot be built here."""
         if envs.get("DEEPINFER_CPU_BF16_HEAD"):
-            keep_bf16_head(model)
+            keep_bf16_head(model, envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL"))
 
     def signature(self) -> dict:
         return {**super().signature(), "compile_backend": envs.get("DEEPINFER_CPU_COMPILE_BACKEND"),
-                "bf16_head": bool(envs.get("DEEPINFER_CPU_BF16_HEAD"))}
+                "bf16_head": bool(envs.get("DEEPINFER_CPU_BF16_HEAD")),
+                "bf16_head_kernel": envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL")}
 
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner

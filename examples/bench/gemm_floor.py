@@ -13,13 +13,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer.model_executor import step_pack
-from deepinfer.model_executor.layers import bf16_rows_gemm  # noqa: F401  (registers the op below)
+from deepinfer.model_executor.layers import bf16_rows_gemm, bf16_tiles_gemm  # noqa: F401  (register the ops below)
 
-# the bf16-weight LM head kernel (layers/head_gemm.py) is the head's GEMM where the cpu platform keeps
-# a bf16 copy of it, so the floor replays it as it replays the other matmuls
+# the bf16-weight LM head kernels (layers/head_gemm.py) are the head's GEMM where the cpu platform keeps
+# a bf16 copy of it, so the floor replays them as it replays the other matmuls
 _MM_OPS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
            torch.ops.aten.matmul.default, torch.ops.aten.einsum.default, torch.ops.aten.linear.default,
-           torch.ops.deepinfer.bf16_rows_gemm.default}
+           torch.ops.deepinfer.bf16_rows_gemm.default, torch.ops.deepinfer.bf16_tiles_gemm.default}
 
 
 def _spec(a):

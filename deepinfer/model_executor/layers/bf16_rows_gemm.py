@@ -12,31 +12,26 @@ batch.
 
 torch has no CPU op for fp32 x bf16 -> fp32 (aten::mm.dtype is CUDA only; a bf16 GEMM rounds its
 output to bf16, and widening the weight per call is slower than the fp32 GEMM), so the kernel is C,
-built once per machine with the system C compiler ($CC, else cc) into a cache directory, and
-called through ctypes as the custom op `deepinfer::bf16_rows_gemm` (a fake gives compiled regions its
-shape). `available()` is False where the build fails: callers then keep the fp32 weight.
+built once per machine (layers/c_kernel_build.py) and called through ctypes as the custom op
+`deepinfer::bf16_rows_gemm` (a fake gives compiled regions its shape). `available()` is False where the build fails: callers then keep the fp32 weight.
 
 What makes it fast (measured with examples/bench/bench_bf16_head.py): 32 bf16 values widen with one
 shift and one mask (the even- and odd-indexed halves of each 32-bit word; the h rows are split the same
 way once a call), four weight rows and up to four h rows share a step (16 accumulators in registers),
 and a software prefetch 16 rows ahead, without which one thread read about 9 GB/s instead of 17-20.
-It runs on one thread (platforms/cpu.py says when it is used).
+It runs on one thread (platforms/cpu.py says when it is used). Where the CPU has AMX, the tiles kernel
+(layers/bf16_tiles_gemm.py) takes its place: as fast at one row, several times faster past eight.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
 import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 
-from deepinfer import envs
+from deepinfer.model_executor.layers.c_kernel_build import load_c_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -171,27 +166,8 @@ _lib = None          # the loaded library, False once a build failed
 LANES = 32           # D must be a multiple of this (a 64-byte line of bf16 a step)
 
 
-def _cpu_key() -> str:
-    # -march=native ties the binary to this CPU's instruction set: key the cache by it
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return f"{platform.machine()} {flags}"
-
-
 def _build() -> ctypes.CDLL:
-    compiler = envs.c_compiler()
-    key = hashlib.sha256("\n".join([_SOURCE, " ".join(_FLAGS), compiler, _cpu_key()]).encode()).hexdigest()[:16]
-    out = Path(envs.user_cache_dir("kernels")) / f"bf16_rows_gemm_{key}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            src, lib = Path(tmp) / "k.c", Path(tmp) / "k.so"
-            src.write_text(_SOURCE)
-            subprocess.run([compiler, *_FLAGS, str(src), "-o", str(lib)], check=True, capture_output=True, timeout=120)
-            os.replace(lib, out)   # atomic: ranks building at once each leave a whole file
-    lib = ctypes.CDLL(str(out))
+    lib = load_c_kernel("bf16_rows_gemm", _SOURCE, _FLAGS)
     fn = lib.bf16_rows_gemm
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,

@@ -16,18 +16,28 @@ alternated (`examples/bench/bench_bf16_head.py`): fp32 GEMM / kernel 1.96 at 1 r
 4, 1.89 at 8, 1.32 at 16 and 0.93 at 32, where the arithmetic is the limit (the fp32 GEMM runs at
 about one 16-wide FMA a cycle there, and so does the kernel). The head is 132 MB as fp32 and 66 MB
 as bf16 against a 300 MiB L3 shared with other machines: how much of either stays cached between
-steps varies, and so do these times (the kernel took 2.4-4.7 ms at 1 row across runs)."""
+steps varies, and so do these times (the kernel took 2.4-4.7 ms at 1 row across runs).
+
+Where the CPU has AMX the platform packs the copy for the tiles kernel instead (layers/bf16_tiles_gemm.py,
+the fp32 products computed on the matrix unit from an exact three-part bf16 split of h), which takes
+every row count: fp32 GEMM / tiles kernel 1.75-1.84 at 1 row, 2.8 at 2, 3.3 at 4, 4.1 at 8 and 16,
+2.6-3.0 at 32, 1.6-1.9 at 64 and 1.5-1.7 at 128, the vector kernel 1.7 / 2.4 / 2.3 / 2.2 / 1.6-1.7 /
+1.1 / 0.7 / 0.9 in the same runs (same command, a busier machine than the figures above)."""
 import torch
 
-from deepinfer.model_executor.layers import bf16_rows_gemm  # noqa: F401  (registers deepinfer::bf16_rows_gemm)
+from deepinfer.model_executor.layers import bf16_rows_gemm, bf16_tiles_gemm  # noqa: F401  (register the ops)
 
 BF16_KERNEL_MAX_ROWS = 16
 
 
 def head_logits(h: torch.Tensor, weight: torch.Tensor, bf16_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """h [T, D] @ weight[V, D]^T -> fp32 [T, V]; bf16_weight: the same values as bf16, or None."""
+    """h [T, D] @ weight[V, D]^T -> fp32 [T, V]; bf16_weight: the same values as bf16, row-major [V, D]
+    for the rows kernel or packed [V/16, D/32, 16, 16, 2] for the tiles kernel, or None."""
     # the kernel has no backward: a step that trains the head takes the GEMM
     training = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    if bf16_weight is not None and not training and h.dtype == torch.float32 and h.shape[0] <= BF16_KERNEL_MAX_ROWS:
-        return torch.ops.deepinfer.bf16_rows_gemm(h, bf16_weight)
+    if bf16_weight is not None and not training and h.dtype == torch.float32:
+        if bf16_weight.dim() == 5:   # packed for the AMX tiles kernel: faster at every row count measured
+            return torch.ops.deepinfer.bf16_tiles_gemm(h, bf16_weight)
+        if h.shape[0] <= BF16_KERNEL_MAX_ROWS:
+            return torch.ops.deepinfer.bf16_rows_gemm(h, bf16_weight)
     return (h @ weight.t()).float()

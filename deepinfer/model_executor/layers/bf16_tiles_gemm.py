@@ -1,0 +1,253 @@
+"""fp32 rows times a bf16 weight on the CPU's matrix unit (Intel AMX), as fp32:
+out[m, v] = sum_d h[m, d] * float(w[v, d]), to fp32 rounding.
+
+Why (README "The LM head read as bf16"): the rows kernel (layers/bf16_rows_gemm.py) halves the bytes
+the head reads, but past 8 rows its FMAs are the limit, as the fp32 GEMM's are: at 32 rows the
+129,280 x 256 head took ~22 ms of a ~42 ms tiny-V4 decode step. AMX multiplies bf16 tiles into fp32
+accumulators (TDPBF16PS: 16 x 16 outputs from 16 x 32 bf16 operands an instruction), an order of
+magnitude more products a cycle than 16-wide FMAs. The weight is bf16 already; h is fp32, and
+rounding it to bf16 would change the logits. So each h row is split exactly into three bf16 parts,
+h = hi + mid + lo (hi = bf16(h), mid = bf16(h - hi), lo = bf16(h - hi - mid): 8 + 8 + 8 significand
+bits hold fp32's 24), and every product of a bf16 part with a bf16 weight is exact in fp32. The
+kernel accumulates the hi products in one fp32 tile and the mid and lo products in another, then adds
+the two: an fp32 dot product of the same values in a fixed order, within the fp32 GEMM's error bound
+(tested). Limits of the split: denormal parts are flushed to zero by the unit (a relative error under
+2^-100 of the row's scale), and a row holding inf or NaN gives NaN logits.
+
+Layout: the weight is repacked once at load into the unit's operand form, tiles of 16 vocabulary rows
+x 32 columns in which each row of the tile holds, for each of the 16 vocabulary rows, two consecutive
+columns ([V/16, D/32, 16, 16, 2], `pack_tiles`); a tile is 1 KiB of contiguous memory, read in order.
+Each sweep takes up to 16 h rows (one tile of rows) over the whole weight; more rows take more sweeps.
+Measured on this machine (examples/bench/bench_bf16_head.py, one thread, 129,280 x 256): see
+layers/head_gemm.py. Two measured traps: without a software prefetch of every line of the tile 64
+tiles ahead the unit waits on memory and computes in turn (5.0 ms against 3.9 at 16 rows), and two
+row tiles a sweep (reading the weight once for 32 rows) was slower than two sweeps (14 against 8 ms),
+as the unit then waits to reuse an operand tile.
+
+The unit is used only where the CPU lists amx_tile and amx_bf16, the compiler builds the source, the
+kernel grants the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), and a self-check against
+the fp32 GEMM passes; otherwise `available()` is False and callers use the rows kernel or the GEMM.
+The custom op `deepinfer::bf16_tiles_gemm` has a fake, so compiled regions call it.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+import threading
+
+import torch
+
+from deepinfer.model_executor.layers.c_kernel_build import cpu_flags, load_c_kernel
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <immintrin.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AHEAD 64   /* weight tiles ahead of the one read that a step asks the L2 cache for */
+#ifndef SPAN_BYTES
+#define SPAN_BYTES (256 << 10)   /* the weight a span holds: read by every row tile while it sits in L2 */
+#endif
+
+/* the process may use the tile registers once the kernel has granted it their state: 0 when it has */
+int amx_permission(void) {
+    return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static inline uint16_t to_bf16(float x) {   /* round to nearest even (finite x) */
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float from_bf16(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* h = hi + mid + lo exactly: each remainder is exact in fp32, and 3 x 8 significand bits hold 24 */
+static void split3(const float *h, uint16_t *hi, uint16_t *mid, uint16_t *lo, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t a = to_bf16(h[i]);
+        float r = h[i] - from_bf16(a);
+        uint16_t b = to_bf16(r);
+        hi[i] = a;
+        mid[i] = b;
+        lo[i] = to_bf16(r - from_bf16(b));
+    }
+}
+
+/* rows (<= 16) h rows from m0 against every weight tile. Tiles: 0 the weight tile, 1 an h part,
+   2 the hi accumulator, 3 the mid + lo accumulator (the unit waits to reuse a tile: more rows per
+   sweep was slower, module docstring) */
+static void sweep(const uint16_t *hi, const uint16_t *mid, const uint16_t *lo, const uint16_t *wt,
+                  float *out, int64_t m0, int rows, int64_t V, int64_t D, int64_t vb0, int64_t vb1) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 4; t++) {
+        cfg.rows[t] = t == 0 ? 16 : (uint8_t)rows;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    const int64_t C = D / 32;
+    const size_t stride = (size_t)D * 2;
+    const uint16_t *ph = hi + m0 * D, *pm = mid + m0 * D, *pl = lo + m0 * D;
+    float acc_hi[16 * 16], acc_rest[16 * 16];
+    for (int64_t vb = vb0; vb < vb1; vb++) {
+        _tile_zero(2);
+        _tile_zero(3);
+        const uint16_t *w = wt + vb * C * 512;
+        for (int64_t c = 0; c < C; c++) {
+            const char *ahead = (const char *)(w + (c + AHEAD) * 512);   /* past the end: a hint, never a fault */
+            for (int q = 0; q < 16; q++) _mm_prefetch(ahead + 64 * q, _MM_HINT_T1);
+            _tile_loadd(0, w + c * 512, 64);
+            _tile_loadd(1, ph + c * 32, stride);
+            _tile_dpbf16ps(2, 1, 0);
+            _tile_loadd(1, pm + c * 32, stride);
+            _tile_dpbf16ps(3, 1, 0);
+            _tile_loadd(1, pl + c * 32, stride);
+            _tile_dpbf16ps(3, 1, 0);
+        }
+        _tile_stored(2, acc_hi, 64);
+        _tile_stored(3, acc_rest, 64);
+        for (int i = 0; i < rows; i++) {
+            __m512 s = _mm512_add_ps(_mm512_loadu_ps(acc_hi + i * 16), _mm512_loadu_ps(acc_rest + i * 16));
+            _mm512_storeu_ps(out + (m0 + i) * V + vb * 16, s);
+        }
+    }
+    _tile_release();
+}
+
+/* h [M, D] fp32 row-major; wt the packed weight [V/16, D/32, 16, 16, 2] bf16; out [M, V] fp32.
+   V a multiple of 16, D of 32. One thread. Returns 0, 1 for bad arguments, 2 when out of memory. */
+int bf16_tiles_gemm(const float *h, const uint16_t *wt, float *out, int64_t M, int64_t V, int64_t D) {
+    if (D % 32 != 0 || V % 16 != 0 || M < 0 || V < 0) return 1;
+    if (M == 0 || V == 0) return 0;
+    uint16_t *parts = malloc(sizeof(uint16_t) * 3 * M * D);
+    if (!parts) return 2;
+    split3(h, parts, parts + M * D, parts + 2 * M * D, M * D);
+    /* past 16 rows, every row tile reads a span of the weight while it sits in L2 */
+    int64_t span = SPAN_BYTES / (D * 32) > 0 ? SPAN_BYTES / (D * 32) : 1;
+    if (M <= 16) span = V / 16;
+    for (int64_t vb = 0; vb < V / 16; vb += span) {
+        int64_t vb1 = vb + span < V / 16 ? vb + span : V / 16;
+        for (int64_t m = 0; m < M; m += 16)
+            sweep(parts, parts + M * D, parts + 2 * M * D, wt, out, m, M - m < 16 ? (int)(M - m) : 16, V, D, vb, vb1);
+    }
+    free(parts);
+    return 0;
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512f", "-fPIC", "-shared",
+          "-fno-strict-aliasing"]
+_lock = threading.Lock()
+_lib = None          # the loaded library, False once it proved unusable here
+ROWS, COLS = 16, 32  # a weight tile: vocabulary rows x columns (V and D must be multiples)
+
+
+def _build() -> ctypes.CDLL:
+    lib = load_c_kernel("bf16_tiles_gemm", _SOURCE, _FLAGS)
+    lib.amx_permission.restype = ctypes.c_int
+    fn = lib.bf16_tiles_gemm
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int64]
+    return lib
+
+
+def _self_check() -> bool:
+    """The unit gives the fp32 GEMM's values on a small problem (guards a CPU or hypervisor that lists
+    the flags but misbehaves)."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(17, 64, generator=g)
+    w = (torch.randn(48, 64, generator=g) * 0.05).to(torch.bfloat16)
+    out = _run(h, pack_tiles(w), 48)
+    return torch.allclose(out, h @ w.float().t(), rtol=1e-5, atol=1e-6)
+
+
+def available() -> bool:
+    """Whether the kernel is usable here (building and checking it on first call); False, logged once,
+    where the CPU has no AMX or the build, the tile permission or the self-check fails."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            _lib = False
+            if not {"amx_tile", "amx_bf16"} <= cpu_flags():
+                logger.info("bf16 tiles GEMM: this CPU has no AMX (amx_tile, amx_bf16)")
+                return False
+            try:
+                lib = _build()
+            except (OSError, subprocess.SubprocessError) as e:
+                detail = getattr(e, "stderr", b"") or b""
+                logger.warning("bf16 tiles GEMM kernel unavailable (%s %s)", e, detail.decode(errors="replace")[-500:])
+                return False
+            if lib.amx_permission() != 0:
+                logger.warning("bf16 tiles GEMM: the kernel refused this process the AMX tile state")
+                return False
+            _lib = lib
+            if not _self_check():
+                logger.warning("bf16 tiles GEMM: the self-check against the fp32 GEMM failed; not used")
+                _lib = False
+        return bool(_lib)
+
+
+def pack_tiles(w: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [V, D] in the unit's operand form [V/16, D/32, 16, 16, 2]: for each tile of 16
+    rows x 32 columns, tile row r holds (w[v, 2r], w[v, 2r + 1]) for v = 0..15."""
+    v, d = w.shape
+    if v % ROWS or d % COLS:
+        raise ValueError(f"pack_tiles: expected [V, D] with V a multiple of {ROWS} and D of {COLS}, got {tuple(w.shape)}")
+    return w.reshape(v // ROWS, ROWS, d // COLS, COLS // 2, 2).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def unpack_tiles(wt: torch.Tensor) -> torch.Tensor:
+    """pack_tiles' inverse: [V/16, D/32, 16, 16, 2] -> [V, D]."""
+    vb, c = wt.shape[:2]
+    return wt.permute(0, 3, 1, 2, 4).reshape(vb * ROWS, c * COLS)
+
+
+def _run(h: torch.Tensor, wt: torch.Tensor, v: int) -> torch.Tensor:
+    out = torch.empty(h.shape[0], v, dtype=torch.float32)
+    rc = _lib.bf16_tiles_gemm(h.data_ptr(), wt.data_ptr(), out.data_ptr(), h.shape[0], v, h.shape[1])
+    if rc:
+        raise RuntimeError(f"bf16_tiles_gemm: the kernel refused its arguments (code {rc})")
+    return out
+
+
+@torch.library.custom_op("deepinfer::bf16_tiles_gemm", mutates_args=())
+def bf16_tiles_gemm(h: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+    """h fp32 [M, D] x wt (pack_tiles of a bf16 [V, D]) -> fp32 [M, V] (module docstring)."""
+    if h.dtype != torch.float32 or wt.dtype != torch.bfloat16 or h.device.type != "cpu" or wt.device.type != "cpu":
+        raise ValueError(f"bf16_tiles_gemm: expected fp32 rows and a bf16 weight on the CPU, got "
+                         f"{h.dtype} on {h.device} and {wt.dtype} on {wt.device}")
+    if (h.dim() != 2 or wt.dim() != 5 or tuple(wt.shape[2:]) != (COLS // 2, ROWS, 2)
+            or h.shape[1] != wt.shape[1] * COLS):
+        raise ValueError(f"bf16_tiles_gemm: expected h [M, D] and a packed weight [V/16, D/32, 16, 16, 2], "
+                         f"got {tuple(h.shape)} and {tuple(wt.shape)}")
+    if not (_lib or available()):   # loaded already: no lock on the per-step path
+        raise RuntimeError("bf16_tiles_gemm: the kernel is not usable here (see the log)")
+    return _run(h.contiguous(), wt.contiguous(), wt.shape[0] * ROWS)
+
+
+@bf16_tiles_gemm.register_fake
+def _(h, wt):
+    return h.new_empty(h.shape[0], wt.shape[0] * ROWS)
