@@ -11,6 +11,7 @@ import torch
 from deepinfer import envs
 from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.platforms.host_allocator import keep_freed_memory
+from deepinfer.platforms.huge_pages import on_huge_pages
 from deepinfer.platforms.interface import Platform
 from deepinfer.platforms.neuron.buckets import batch_buckets, default_context_buckets
 
@@ -25,10 +26,11 @@ def _bf16_head_copy(weight: torch.Tensor, kernel: str) -> torch.Tensor | None:
     if copy is None:
         return None
     fits_tiles = copy.shape[0] % bf16_tiles_gemm.ROWS == 0 and copy.shape[1] % bf16_tiles_gemm.COLS == 0
+    # on huge pages: every step reads the whole copy (platforms/huge_pages.py)
     if kernel in ("auto", "tiles") and fits_tiles and bf16_tiles_gemm.available():
-        return bf16_tiles_gemm.pack_tiles(copy)
+        return on_huge_pages(bf16_tiles_gemm.pack_tiles(copy))
     if kernel in ("auto", "rows") and bf16_rows_gemm.available():
-        return copy
+        return on_huge_pages(copy)
     return None
 
 
