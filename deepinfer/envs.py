@@ -101,6 +101,11 @@ ENV_VARS: list[EnvVar] = [
            "cpu platform: when a rank starts, raise glibc's mmap / trim thresholds (256 / 512 MiB, process-"
            "wide) so each step's buffers reuse freed heap pages instead of faulting in fresh ones "
            "(platforms/host_allocator.py); 0 leaves the C library's defaults."),
+    EnvVar("DEEPINFER_CPU_SKIP_WARM_GUARDS", True, "bool",
+           "cpu platform, compiled steps (DEEPINFER_CPU_COMPILE=1): once a step's bucket and layout have run "
+           "twice with every Dynamo guard evaluated and nothing compiled, its region calls evaluate only the "
+           "guards that tell graphs apart (torch's skip_guard_eval_unsafe stance; worker/runners/"
+           "warm_guards.py says why that is safe here); 0 evaluates every guard on every call."),
     EnvVar("DEEPINFER_CPU_BF16_HEAD", True, "bool",
            "cpu platform, fp32 models, ranks of one thread: an LM head whose values are all bf16 (a bf16 "
            "checkpoint head) also keeps a bf16 copy, which a C kernel multiplies in fp32 from half the bytes "

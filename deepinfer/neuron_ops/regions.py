@@ -139,6 +139,19 @@ class RegionStats:
         return sum(self.graphs.values())
 
 
+def call_region(compiled, *args):
+    """compiled(*args); where a call under torch's skip_guard_eval_unsafe stance (worker/runners/
+    warm_guards.py) would have to recompile, torch refuses before running anything, and the call runs
+    again with every guard evaluated (it compiles, and the warm-guards bookkeeping sees the new graph)."""
+    try:
+        return compiled(*args)
+    except RuntimeError as e:
+        if "skip_guard_eval_unsafe" not in str(e):
+            raise
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=False):
+        return compiled(*args)
+
+
 class RegionRunner:
     """`run_layer` hooks for DeepseekV4Model.forward: compiled regions per layer kind."""
 
@@ -195,7 +208,7 @@ class RegionRunner:
         return self.run_split if splits(self.split, num_seqs, num_tokens, prompt) else self.run_whole
 
     def run_whole(self, layer, x, prev_pre, ctx, io):
-        return self._compiled(layer)[0](layer, x, prev_pre, ctx, io)
+        return call_region(self._compiled(layer)[0], layer, x, prev_pre, ctx, io)
 
     def run_top(self, name: str, fn, *args):
         """fn(*args) as the compiled top-level region `name` (TOP_REGIONS): one graph per static shape."""
@@ -205,9 +218,9 @@ class RegionRunner:
         if compiled is None:
             compiled = self._top[name] = torch.compile(_fresh(fn, name), backend=self._backend_for(name, name),
                                                        fullgraph=self.fullgraph, dynamic=False)
-        return compiled(*args)
+        return call_region(compiled, *args)
 
     def run_split(self, layer, x, prev_pre, ctx, io):
         _, projections, attention, ffn = self._compiled(layer)
-        x, pre = attention(layer, projections(layer, x, prev_pre, ctx, io), ctx, io)
-        return ffn(layer, x, pre, ctx)
+        x, pre = call_region(attention, layer, call_region(projections, layer, x, prev_pre, ctx, io), ctx, io)
+        return call_region(ffn, layer, x, pre, ctx)

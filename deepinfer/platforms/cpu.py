@@ -81,6 +81,12 @@ class CpuPlatform(Platform):
             keep_freed_memory()
 
     @property
+    def skip_warm_guards(self) -> bool:
+        """DEEPINFER_CPU_SKIP_WARM_GUARDS: the compiled step skips Dynamo's non-tensor guards once a
+        step's bucket and layout ran clean (worker/runners/warm_guards.py)."""
+        return bool(envs.get("DEEPINFER_CPU_SKIP_WARM_GUARDS"))
+
+    @property
     def runner_strategy(self) -> str:
         return "cpu_compiled" if envs.get("DEEPINFER_CPU_COMPILE") else "eager"
 
@@ -110,7 +116,8 @@ class CpuPlatform(Platform):
     def signature(self) -> dict:
         return {**super().signature(), "compile_backend": envs.get("DEEPINFER_CPU_COMPILE_BACKEND"),
                 "bf16_head": bool(envs.get("DEEPINFER_CPU_BF16_HEAD")),
-                "bf16_head_kernel": envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL")}
+                "bf16_head_kernel": envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL"),
+                "skip_warm_guards": self.skip_warm_guards}
 
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner

@@ -20,6 +20,9 @@ class Platform:
     runner_strategy: str = "eager"
     # weight_format="auto": where the weights live in their checkpoint formats (see each platform)
     default_weight_format: str = "packed"
+    # compiled region runners: skip Dynamo's non-tensor guards on steps whose bucket and layout ran
+    # clean before (worker/runners/warm_guards.py)
+    skip_warm_guards: bool = False
 
     @property
     def device(self) -> torch.device:

@@ -33,6 +33,7 @@ from deepinfer.platforms.neuron import compile_cache
 from deepinfer.platforms.neuron.compile_plan import exit_logits_rows, greedy_spec_rows, step_class
 from deepinfer.spec.greedy_step import GreedySpecPlan, verify_and_draft
 from deepinfer.worker.runners.base import RunnerStrategy, host_inputs
+from deepinfer.worker.runners.warm_guards import WarmGuards
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,11 @@ class PackedStep:
     # the bucket's layout (and the entry graph)
     logits_indices: torch.Tensor | None = None
     draft_rows: int = 0   # of a draft block: its rows (sequences), the first draft_rows x B tokens
+
+
+def _draft_key(step):
+    """The warm-guards key of a draft block's step (None: an eager block)."""
+    return ("draft", step.layout, step.draft_rows) if isinstance(step, PackedStep) else None
 
 
 @dataclass
@@ -105,6 +111,8 @@ class NeuronRegionStrategy(RunnerStrategy):
         self._fp8_logged: set[str] = set()
         self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
         self.census = None   # an OpCensus (neuron_ops/op_census.py) to count eager ops and copies
+        self.warm_guards = WarmGuards(lambda: self.num_graphs,
+                                      enabled=self.regions is not None and bool(getattr(platform, "skip_warm_guards", False)))
         # RoPE keeps its inverse frequencies per device, made on first use: make them now, so the entry
         # region's first trace does not guard on that cache being empty (and retrace on the next step)
         for rot in getattr(model, "rotary", {}).values():
@@ -234,7 +242,7 @@ class NeuronRegionStrategy(RunnerStrategy):
 
     @torch.inference_mode()
     def forward_draft(self, step, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        with self._counting():
+        with self._counting(), self.warm_guards.step(_draft_key(step)):
             if isinstance(step, PackedStep):
                 rows, _ = self._draft_region(step, cache)
                 d = self.model.cfg.hidden_size
@@ -267,7 +275,7 @@ class NeuronRegionStrategy(RunnerStrategy):
         comes back (one copy, ModelRunner.execute_draft_greedy, after the group leaders' gather). A
         block that fits no row bucket runs the same function eagerly."""
         b = self.drafts
-        with self._counting():
+        with self._counting(), self.warm_guards.step(_draft_key(step)):
             if isinstance(step, PackedStep):
                 _, out = self._draft_region(step, cache)
             else:
@@ -336,7 +344,7 @@ class NeuronRegionStrategy(RunnerStrategy):
         on the device: the one copy back is ModelRunner.execute_greedy_spec's, after the group leaders'
         gather."""
         noise, packed, meta, rows = int(self.model.cfg.dspark_noise_token_id), inputs.packed, inputs.meta, inputs.rows
-        with self._counting():
+        with self._counting(), self.warm_guards.step(("spec", bucket, packed.layout, rows)):
             logits = self._compiled_forward(packed, cache, self._hook(self._layer_hook(bucket)))
             if self.census is not None:
                 self.census.phase("draft")
@@ -406,7 +414,9 @@ class NeuronRegionStrategy(RunnerStrategy):
         else:
             run_layer = self._layer_hook(bucket)
         graphs_before, t0 = self.num_graphs, time.perf_counter()
-        with self._counting():
+        key = (("step", bucket, step.layout, step.compiled_exit, step.logits_indices is None)
+               if bucket is not None and isinstance(step, PackedStep) else None)
+        with self._counting(), self.warm_guards.step(key):
             if isinstance(step, PackedStep):
                 logits = self._compiled_forward(step, cache, self._hook(run_layer))
             else:
