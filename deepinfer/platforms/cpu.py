@@ -108,8 +108,8 @@ class CpuPlatform(Platform):
         """An fp32 LM head whose values are all bf16 (a checkpoint's bf16 head, widened at load) also
         keeps a bf16 copy, `head.weight_bf16`, which a bf16-weight kernel multiplies (layers/head_gemm.py:
         the AMX tiles kernel at any row count, or the vector rows kernel at small row counts): the same
-        fp32 products from half the bytes. Ranks of one torch thread only (keep_bf16_head), unless DEEPINFER_CPU_BF16_HEAD=0, or the
-        kernel cannot be built here."""
+        fp32 products from half the bytes. Ranks of one torch thread only (keep_bf16_head), unless
+        DEEPINFER_CPU_BF16_HEAD=0, or no kernel can be built here."""
         if envs.get("DEEPINFER_CPU_BF16_HEAD"):
             keep_bf16_head(model, envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL"))
 

@@ -20,7 +20,7 @@ columns ([V/16, D/32, 16, 16, 2], `pack_tiles`); a tile is 1 KiB of contiguous m
 Each sweep takes up to 16 h rows (one tile of rows) over the whole weight; more rows take more sweeps.
 Measured on this machine (examples/bench/bench_bf16_head.py, one thread, 129,280 x 256): see
 layers/head_gemm.py. Two measured traps: without a software prefetch of every line of the tile 64
-tiles ahead the unit waits on memory and computes in turn (5.0 ms against 3.9 at 16 rows), and two
+tiles ahead the unit waits on memory and computes in turn (5.1 ms against 4.1 at 16 rows), and two
 row tiles a sweep (reading the weight once for 32 rows) was slower than two sweeps (14 against 8 ms),
 as the unit then waits to reuse an operand tile.
 
@@ -215,7 +215,8 @@ def pack_tiles(w: torch.Tensor) -> torch.Tensor:
     rows x 32 columns, tile row r holds (w[v, 2r], w[v, 2r + 1]) for v = 0..15."""
     v, d = w.shape
     if v % ROWS or d % COLS:
-        raise ValueError(f"pack_tiles: expected [V, D] with V a multiple of {ROWS} and D of {COLS}, got {tuple(w.shape)}")
+        raise ValueError(f"pack_tiles: expected [V, D] with V a multiple of {ROWS} and D of {COLS}, "
+                         f"got {tuple(w.shape)}")
     return w.reshape(v // ROWS, ROWS, d // COLS, COLS // 2, 2).permute(0, 2, 3, 1, 4).contiguous()
 
 

@@ -111,8 +111,9 @@ class NeuronRegionStrategy(RunnerStrategy):
         self._fp8_logged: set[str] = set()
         self.buckets_seen: set[tuple[int, int]] = set()  # (tokens, context) of compiled steps
         self.census = None   # an OpCensus (neuron_ops/op_census.py) to count eager ops and copies
-        self.warm_guards = WarmGuards(lambda: self.num_graphs,
-                                      enabled=self.regions is not None and bool(getattr(platform, "skip_warm_guards", False)))
+        # the cpu platform's compiled step skips Dynamo's non-tensor guards on warm steps (warm_guards.py)
+        self.warm_guards = WarmGuards(lambda: self.num_graphs, enabled=self.regions is not None
+                                      and bool(getattr(platform, "skip_warm_guards", False)))
         # RoPE keeps its inverse frequencies per device, made on first use: make them now, so the entry
         # region's first trace does not guard on that cache being empty (and retrace on the next step)
         for rot in getattr(model, "rotary", {}).values():
