@@ -28,7 +28,7 @@ def _bf16_head_copy(weight: torch.Tensor, kernel: str) -> torch.Tensor | None:
     fits_tiles = copy.shape[0] % bf16_tiles_gemm.ROWS == 0 and copy.shape[1] % bf16_tiles_gemm.COLS == 0
     # on huge pages: every step reads the whole copy (platforms/huge_pages.py)
     if kernel in ("auto", "tiles") and fits_tiles and bf16_tiles_gemm.available():
-        return on_huge_pages(bf16_tiles_gemm.pack_tiles(copy))
+        return on_huge_pages(bf16_tiles_gemm.tile_view(copy))   # packed by the copy into the buffer
     if kernel in ("auto", "rows") and bf16_rows_gemm.available():
         return on_huge_pages(copy)
     return None

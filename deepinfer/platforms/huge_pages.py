@@ -54,7 +54,8 @@ def huge_page_empty(shape, dtype: torch.dtype) -> torch.Tensor:
 
 
 def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """A copy of CPU tensor t on huge pages (huge_page_empty), same shape, dtype and values."""
+    """A contiguous copy of CPU tensor t (any strides) on huge pages (huge_page_empty), same shape,
+    dtype and values."""
     out = huge_page_empty(tuple(t.shape), t.dtype)
     out.copy_(t)
     return out

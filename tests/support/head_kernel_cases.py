@@ -2,6 +2,7 @@
 operands, the fp32 dot-product error bound, a model holding only a head, and one torch thread."""
 import contextlib
 
+import pytest
 import torch
 from torch import nn
 
@@ -36,3 +37,10 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread():
+    """The test runs with one torch thread (the head kernels serve one-thread ranks only)."""
+    with torch_threads(1):
+        yield

@@ -8,7 +8,8 @@ from torch import nn
 from deepinfer.model_executor.layers import bf16_rows_gemm as K
 from deepinfer.model_executor.layers.head_gemm import BF16_KERNEL_MAX_ROWS, head_logits
 from deepinfer.platforms.cpu import CpuPlatform, keep_bf16_head
-from tests.support.head_kernel_cases import model_with_head, operands, torch_threads, within_fp32_rounding
+from tests.support.head_kernel_cases import (model_with_head, one_thread, operands, torch_threads,  # noqa: F401
+                                             within_fp32_rounding)
 
 pytestmark = pytest.mark.skipif(not K.available(), reason="no C compiler here to build the kernel")
 
@@ -61,12 +62,6 @@ def test_head_logits_takes_the_kernel_up_to_the_row_limit_in_a_compiled_region()
     # past the limit, the fp32 GEMM (the kernel is slower there: layers/head_gemm.py)
     assert torch.equal(head_logits(h, w32, w), h @ w32.t())
     assert torch.equal(head_logits(small, w32), small @ w32.t())
-
-
-@pytest.fixture
-def one_thread():
-    with torch_threads(1):
-        yield
 
 
 def test_the_platform_keeps_a_bf16_copy_only_of_a_bf16_valued_head(monkeypatch, one_thread):

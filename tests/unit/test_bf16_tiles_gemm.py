@@ -8,7 +8,7 @@ import torch
 from deepinfer.model_executor.layers import bf16_tiles_gemm as T
 from deepinfer.model_executor.layers.head_gemm import head_logits
 from deepinfer.platforms.cpu import CpuPlatform, keep_bf16_head
-from tests.support.head_kernel_cases import model_with_head, operands, torch_threads, within_fp32_rounding
+from tests.support.head_kernel_cases import model_with_head, one_thread, operands, within_fp32_rounding  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not T.available(), reason="no usable AMX unit here (CPU flags, compiler or kernel)")
 
@@ -81,12 +81,6 @@ def test_head_logits_takes_the_tiles_kernel_at_any_row_count_in_a_compiled_regio
     assert torch.equal(compiled(h, w32, wt), expect)
     assert torch.equal(head_logits(h, w32, wt), expect)
     assert torch.equal(head_logits(h, w32), h @ w32.t())
-
-
-@pytest.fixture
-def one_thread():
-    with torch_threads(1):
-        yield
 
 
 def test_the_platform_packs_a_bf16_valued_head_for_the_tiles_kernel(monkeypatch, one_thread):

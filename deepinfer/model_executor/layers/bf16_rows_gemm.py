@@ -13,7 +13,8 @@ batch.
 torch has no CPU op for fp32 x bf16 -> fp32 (aten::mm.dtype is CUDA only; a bf16 GEMM rounds its
 output to bf16, and widening the weight per call is slower than the fp32 GEMM), so the kernel is C,
 built once per machine (layers/c_kernel_build.py) and called through ctypes as the custom op
-`deepinfer::bf16_rows_gemm` (a fake gives compiled regions its shape). `available()` is False where the build fails: callers then keep the fp32 weight.
+`deepinfer::bf16_rows_gemm` (a fake gives compiled regions its shape). `available()` is False where
+the build fails: callers then keep the fp32 weight.
 
 What makes it fast (measured with examples/bench/bench_bf16_head.py): 32 bf16 values widen with one
 shift and one mask (the even- and odd-indexed halves of each 32-bit word; the h rows are split the same
@@ -24,14 +25,12 @@ It runs on one thread (platforms/cpu.py says when it is used). Where the CPU has
 """
 from __future__ import annotations
 
-import ctypes
 import logging
-import subprocess
 import threading
 
 import torch
 
-from deepinfer.model_executor.layers.c_kernel_build import load_c_kernel
+from deepinfer.model_executor.layers.c_kernel_build import load_gemm_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -166,27 +165,12 @@ _lib = None          # the loaded library, False once a build failed
 LANES = 32           # D must be a multiple of this (a 64-byte line of bf16 a step)
 
 
-def _build() -> ctypes.CDLL:
-    lib = load_c_kernel("bf16_rows_gemm", _SOURCE, _FLAGS)
-    fn = lib.bf16_rows_gemm
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64]
-    return lib
-
-
 def available() -> bool:
     """Whether the kernel is built (building it on first call); False, logged once, if it cannot be."""
     global _lib
     with _lock:
         if _lib is None:
-            try:
-                _lib = _build()
-            except (OSError, subprocess.SubprocessError) as e:
-                detail = getattr(e, "stderr", b"") or b""
-                logger.warning("bf16 rows GEMM kernel unavailable (%s %s); LM heads stay fp32", e,
-                               detail.decode(errors="replace")[-500:])
-                _lib = False
+            _lib = load_gemm_kernel("bf16_rows_gemm", _SOURCE, _FLAGS) or False
         return bool(_lib)
 
 

@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import subprocess
 import threading
 
 import torch
 
-from deepinfer.model_executor.layers.c_kernel_build import cpu_flags, load_c_kernel
+from deepinfer.model_executor.layers.c_kernel_build import cpu_flags, load_gemm_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -164,16 +163,6 @@ _lib = None          # the loaded library, False once it proved unusable here
 ROWS, COLS = 16, 32  # a weight tile: vocabulary rows x columns (V and D must be multiples)
 
 
-def _build() -> ctypes.CDLL:
-    lib = load_c_kernel("bf16_tiles_gemm", _SOURCE, _FLAGS)
-    lib.amx_permission.restype = ctypes.c_int
-    fn = lib.bf16_tiles_gemm
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64]
-    return lib
-
-
 def _self_check() -> bool:
     """The unit gives the fp32 GEMM's values on a small problem (guards a CPU or hypervisor that lists
     the flags but misbehaves)."""
@@ -194,12 +183,10 @@ def available() -> bool:
             if not {"amx_tile", "amx_bf16"} <= cpu_flags():
                 logger.info("bf16 tiles GEMM: this CPU has no AMX (amx_tile, amx_bf16)")
                 return False
-            try:
-                lib = _build()
-            except (OSError, subprocess.SubprocessError) as e:
-                detail = getattr(e, "stderr", b"") or b""
-                logger.warning("bf16 tiles GEMM kernel unavailable (%s %s)", e, detail.decode(errors="replace")[-500:])
+            lib = load_gemm_kernel("bf16_tiles_gemm", _SOURCE, _FLAGS)
+            if lib is None:
                 return False
+            lib.amx_permission.restype = ctypes.c_int
             if lib.amx_permission() != 0:
                 logger.warning("bf16 tiles GEMM: the kernel refused this process the AMX tile state")
                 return False
@@ -210,14 +197,20 @@ def available() -> bool:
         return bool(_lib)
 
 
-def pack_tiles(w: torch.Tensor) -> torch.Tensor:
-    """A bf16 weight [V, D] in the unit's operand form [V/16, D/32, 16, 16, 2]: for each tile of 16
-    rows x 32 columns, tile row r holds (w[v, 2r], w[v, 2r + 1]) for v = 0..15."""
+def tile_view(w: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [V, D] seen in the unit's operand form [V/16, D/32, 16, 16, 2], without a copy:
+    for each tile of 16 rows x 32 columns, tile row r holds (w[v, 2r], w[v, 2r + 1]) for v = 0..15.
+    The kernel needs it contiguous (pack_tiles, or a copy into a buffer of that shape)."""
     v, d = w.shape
     if v % ROWS or d % COLS:
         raise ValueError(f"pack_tiles: expected [V, D] with V a multiple of {ROWS} and D of {COLS}, "
                          f"got {tuple(w.shape)}")
-    return w.reshape(v // ROWS, ROWS, d // COLS, COLS // 2, 2).permute(0, 2, 3, 1, 4).contiguous()
+    return w.reshape(v // ROWS, ROWS, d // COLS, COLS // 2, 2).permute(0, 2, 3, 1, 4)
+
+
+def pack_tiles(w: torch.Tensor) -> torch.Tensor:
+    """tile_view(w), contiguous: the kernel's packed weight."""
+    return tile_view(w).contiguous()
 
 
 def unpack_tiles(wt: torch.Tensor) -> torch.Tensor:

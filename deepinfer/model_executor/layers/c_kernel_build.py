@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import subprocess
@@ -16,6 +17,11 @@ import tempfile
 from pathlib import Path
 
 from deepinfer import envs
+
+logger = logging.getLogger(__name__)
+
+# the head kernels' C signature: (h, w, out, M, V, D) -> 0, or an error code
+GEMM_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
 
 
 def cpu_flags() -> set[str]:
@@ -42,3 +48,18 @@ def load_c_kernel(name: str, source: str, flags: list[str]) -> ctypes.CDLL:
             subprocess.run([compiler, *flags, str(src), "-o", str(lib)], check=True, capture_output=True, timeout=120)
             os.replace(lib, out)
     return ctypes.CDLL(str(out))
+
+
+def load_gemm_kernel(name: str, source: str, flags: list[str]) -> ctypes.CDLL | None:
+    """load_c_kernel with its entry point `name` bound to GEMM_ARGTYPES -> int; None, with the
+    compiler's complaint logged, where it cannot be built or loaded."""
+    try:
+        lib = load_c_kernel(name, source, flags)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        logger.warning("%s kernel unavailable (%s %s); its callers keep the fp32 GEMM", name, e,
+                       detail.decode(errors="replace")[-500:])
+        return None
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = ctypes.c_int, GEMM_ARGTYPES
+    return lib
