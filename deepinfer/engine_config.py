@@ -142,6 +142,12 @@ class EngineConfig:
         0, help="DSpark drafts verified per sequence and decode step (speculative decoding with the "
                 "checkpoint's draft layers; deepseek_v41 checkpoints with num_nextn_predict_layers > 0 "
                 "only); 0 = off")
+    speculative_draft_vocab: str | None = _option(
+        None, value_type=str,
+        help="a JSON file whose \"token_ids\" are the only tokens drafts may take (a frequency-ranked draft "
+             "vocabulary: examples/tools/build_draft_vocab.py); the draft heads then read only those rows "
+             "of the LM and Markov heads. Verification keeps the whole vocabulary, so greedy tokens do not "
+             "change and sampled ones stay distributed as the target; None: drafts over the whole vocabulary")
     speculative_verify: str = _option(
         "all", choices=_SPEC_VERIFY,
         help="which drafts a decode row verifies: 'all' of them (a seeded sampled request's tokens do not "
@@ -186,6 +192,12 @@ class EngineConfig:
             if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
                 raise ValueError(f"max_num_batched_tokens must be >= 1 + num_speculative_tokens "
                                  f"({1 + self.num_speculative_tokens}), got {self.max_num_batched_tokens}")
+        if self.speculative_draft_vocab is not None:
+            if not isinstance(self.speculative_draft_vocab, str) or not self.speculative_draft_vocab:
+                raise ValueError(f"speculative_draft_vocab must be a non-empty path string or None, got "
+                                 f"{self.speculative_draft_vocab!r}")
+            if not self.num_speculative_tokens:
+                raise ValueError("speculative_draft_vocab needs num_speculative_tokens > 0")
         if self.speculative_verify not in _SPEC_VERIFY:
             raise ValueError(f"speculative_verify must be one of {_SPEC_VERIFY}, got {self.speculative_verify!r}")
         if self.weight_format not in _WEIGHT_FORMATS:

@@ -118,7 +118,16 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", choices=KINDS, default="copy")
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--documents", type=int, default=0,
+                    help="print this many training-stream documents of --lines lines (as JSON lines "
+                         "{\"text\": ...}) instead of held-out prompts")
+    ap.add_argument("--lines", type=int, default=8)
     args = ap.parse_args(argv)
+    if args.documents:
+        rng = random.Random(f"documents/{args.seed}")
+        for _ in range(args.documents):
+            print(json.dumps({"text": document(rng, args.lines)}))
+        return 0
     for p in heldout_prompts(args.kind, args.n, args.seed):
         print(json.dumps({"prompt": p.prompt, "answer": p.answer, "kind": p.kind}))
     return 0

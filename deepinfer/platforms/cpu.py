@@ -36,7 +36,8 @@ def _bf16_head_copy(weight: torch.Tensor, kernel: str) -> torch.Tensor | None:
 
 def keep_bf16_head(model, kernel: str = "auto") -> bool:
     """Add `weight_bf16` (a non-persistent buffer, out of the state dict) to each vocabulary-wide head
-    (the LM head; a V4.1 model's DSpark Markov head, models/dspark_draft.py) that is fp32 and bf16-valued,
+    (the LM head; a V4.1 model's DSpark Markov head, models/dspark_draft.py; their draft-vocabulary rows,
+    models/draft_vocab.py) that is fp32 and bf16-valued,
     when a kernel for it is usable here and the rank runs one torch thread; True when one got it.
     `kernel` (DEEPINFER_CPU_BF16_HEAD_KERNEL): tiles packs the copy for the AMX kernel
     (layers/bf16_tiles_gemm.py), rows keeps it row-major for the vector kernel
@@ -50,6 +51,9 @@ def keep_bf16_head(model, kernel: str = "auto") -> bool:
     mtp = getattr(model, "mtp", None)
     if mtp is not None and len(mtp) and hasattr(mtp[-1], "markov_head"):
         heads.append(mtp[-1].markov_head.head)
+    draft_vocab = getattr(model, "draft_vocab", None)
+    if draft_vocab is not None:   # the draft heads' rows of both (models/draft_vocab.py)
+        heads += [draft_vocab.head, draft_vocab.markov]
     kept, forms = 0, set()
     for head in heads:
         weight = getattr(head, "weight", None)

@@ -16,7 +16,8 @@ Vocabulary: "speculative" / "spec" names the feature, "draft" the tokens it prop
 - stats.py      SpecDecodeStats, the engine-wide counters.
 
 Outside this package, by concept: the draft layers' math and metadata (model_executor/models/
-dspark_draft.py), the ring rows drafts need (worker/cache_engine.py speculative_ring_rows), the
+dspark_draft.py), the draft vocabulary that narrows the draft heads (model_executor/models/draft_vocab.py;
+built by examples/tools/build_draft_vocab.py), the ring rows drafts need (worker/cache_engine.py speculative_ring_rows), the
 draft block on several ranks (executor/step_fanout.py prepare_draft), the step result every step
 returns (step_result.py) and the bans per draft depth (stop_rules.py).
 """

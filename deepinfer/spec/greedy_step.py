@@ -128,7 +128,7 @@ def verify_and_draft(model, logits: torch.Tensor, meta: torch.Tensor, cache, lay
     step = dataclasses.replace(pad_draft_tokens(block, block_tokens, layout), static_shapes=True)
     hidden, base = draft_forward(model, step, cache)
     n = meta.shape[0] * b
-    drafts, conf = greedy_drafts(model, hidden[:n], model.full_logits(base[:n]), last, b)
+    drafts, conf = greedy_drafts(model, hidden[:n], model.draft_columns(base[:n]), last, b)
     return torch.cat([tokens.float(), acc[:, None].float(), drafts.float(), conf], dim=1)
 
 

@@ -74,7 +74,7 @@ class DraftProposer:
         sampled_rows = [k for k, x in enumerate(seqs) if not x.sampling_params.is_greedy]
         prev = torch.tensor(block.first_tokens, dtype=torch.long, device=base.device)
         toks, confs = [], []
-        q = torch.empty(len(sampled_rows), b, base.shape[-1]) if sampled_rows else None
+        q = None   # [sampled rows, B, V]: the heads' logits span the vocabulary (base may not)
         limit = [n for _, n, _ in rows]  # a grammar row drafts no further than its path goes
         depth_batches = DraftDepthBatches(seqs, [nl for _, _, nl in rows], extra, self.eos_ids, b)
         for k in range(b):
@@ -92,6 +92,8 @@ class DraftProposer:
             out = runner.sampler(lg, depth_batches.at(k, toks, lg.device, masks),
                                  keep_random_logprobs=bool(sampled_rows))
             if sampled_rows:  # the processed distribution the draws came from (random rows, in order)
+                if q is None:
+                    q = torch.empty(len(sampled_rows), b, lg.shape[-1])
                 q[:, k] = out.random_logprobs.cpu()
             toks.append(out.token_ids.tolist())
             prev = out.token_ids

@@ -34,7 +34,7 @@ def resolve_dtype(dtype, model_config) -> torch.dtype:
 
 def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool = True,
                 platform=None, weight_format: str = "dense", parallel=None,
-                shared_tables=None) -> DeepseekV4Model:
+                shared_tables=None, draft_vocab: str | None = None) -> DeepseekV4Model:
     """The model with its checkpoint loaded. weight_format "packed": every tensor the checkpoint stores
     quantized (fp8 / fp4 codes with ue8m0 scales) stays in that form (layers/packed_weights.py), in
     the bytes the platform's kernels read; "dense": dequantized once, here. The model is built on the
@@ -43,7 +43,9 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     only its slices (model_executor/shard_plan.py).
     shared_tables (distributed/shared_tables.py SharedEngramTables): the Engram tables are mapped from
     the host's shared memory instead of loaded; None: so whenever `parallel` puts several ranks on this
-    host (docs/neuron.md §5.9); False: never."""
+    host (docs/neuron.md §5.9); False: never.
+    draft_vocab: a draft-vocabulary file (models/draft_vocab.py), applied before the platform lays out
+    its kernels' weights, so the draft heads get the LM head's treatment."""
     from deepinfer.model_executor.loader import load_checkpoint, stored_formats
     if weight_format not in ("packed", "dense"):
         raise ValueError(f"weight_format: expected 'packed' or 'dense', got {weight_format!r}")
@@ -61,6 +63,13 @@ def build_model(model_config, model_dir: str, dtype: torch.dtype, progress: bool
     startup_log.log_weights(model, model_dir, weight_format, time.perf_counter() - t0, parallel)
     if shared_tables is not None:
         shared_tables.attach(model, model_dir, platform)
+    if draft_vocab is not None:
+        from deepinfer.model_executor.models.draft_vocab import read_draft_vocab
+        ids = read_draft_vocab(draft_vocab, model_config.vocab_size)
+        model.use_draft_vocab(ids)
+        if progress:
+            logger.info("draft vocabulary: %d tokens (%s); the draft heads read only their rows", len(ids),
+                        draft_vocab)
     if platform is not None:
         convert = platform.fp8_weight_codes
         model.map_fp8_codes(convert if shared_tables is None else shared_tables.keep_shared(convert))
@@ -130,7 +139,8 @@ class Worker:
         self.model = model if model is not None else build_model(model_config, engine_config.model, self.dtype,
                                                                  progress=progress, platform=self.platform,
                                                                  weight_format=self.weight_format,
-                                                                 parallel=parallel, shared_tables=shared_tables)
+                                                                 parallel=parallel, shared_tables=shared_tables,
+                                                                 draft_vocab=engine_config.speculative_draft_vocab)
         cfg = model_config
         self.num_speculative_tokens = int(engine_config.num_speculative_tokens)
         extra_rows = cache_engine.speculative_ring_rows(self.num_speculative_tokens)

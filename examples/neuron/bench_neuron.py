@@ -101,6 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--speculative-verify", choices=("all", "confidence"), default="all",
                     help="offline, with --nextn > 0: the engine's speculative_verify (which drafts a row "
                          "verifies; engine_config.py)")
+    ap.add_argument("--draft-vocab", default=None,
+                    help="offline, with --nextn > 0: the engine's speculative_draft_vocab, a JSON file of the "
+                         "token ids drafts may take (examples/tools/build_draft_vocab.py)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     ap.add_argument("--max-model-len", type=int, default=None, help="offline (default: max input + max output)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -206,7 +209,7 @@ def build_driver(args: argparse.Namespace, nextn: int = 0):
         enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature,
         weight_format=args.weight_format, context_parallel_size=args.cp, expert_parallel_size=args.ep,
         attention_tp_size=args.attention_tp_size, num_speculative_tokens=nextn,
-        speculative_verify=args.speculative_verify))
+        speculative_verify=args.speculative_verify, speculative_draft_vocab=args.draft_vocab))
     return driver, "deepinfer-offline", driver.platform_info()
 
 

@@ -3,6 +3,8 @@ worker/runners/neuron_regions.py, spec/proposer.py argmax_drafts): the drafts an
 what the host path (the block's rows copied back, the heads and the sampler per depth) gives, ties go
 to the lowest id as the sampler's greedy rows, the block's power-of-two padding leaves the real rows
 as they are, and only rows whose drafts are plain argmaxes take this path."""
+import json
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -51,10 +53,19 @@ def test_greedy_drafts_break_ties_to_the_lowest_id_as_the_sampler(monkeypatch):
     assert drafts[1, 0] == 1
 
 
-def test_in_graph_argmax_drafts_equal_the_host_path(tiny_v41_dir):
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_in_graph_argmax_drafts_equal_the_host_path(tiny_v41_dir, tmp_path, draft_vocab):
+    """Also with a draft vocabulary (models/draft_vocab.py): the region's column argmax mapped to ids
+    equals the host path's heads expanded to the whole vocabulary and sampled."""
     cfg = ModelConfig.from_pretrained(tiny_v41_dir)
     buckets = BucketSpec(batch=(2,), contexts=(64,), prefill_tokens=None, verify_tokens=1 + B, pow2_tokens=True)
-    llm = platform_llm(tiny_v41_dir, cfg, NeuronPlatform(host=True), {"buckets": buckets}, num_speculative_tokens=B)
+    vocab, kw = None, {}
+    if draft_vocab:
+        vocab = sorted(random.Random(5).sample(range(cfg.vocab_size), 600))
+        kw["speculative_draft_vocab"] = str(tmp_path / "vocab.json")
+        (tmp_path / "vocab.json").write_text(json.dumps({"token_ids": vocab}))
+    llm = platform_llm(tiny_v41_dir, cfg, NeuronPlatform(host=True), {"buckets": buckets}, num_speculative_tokens=B,
+                       **kw)
     # a few steps, so that the slots' window rings hold main keys
     llm.generate(prompts_of_lengths((9, 20), seed=3), SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
                  use_tqdm=False)
@@ -72,6 +83,8 @@ def test_in_graph_argmax_drafts_equal_the_host_path(tiny_v41_dir):
         want_conf.append(c)
     assert drafts.tolist() == [list(t) for t in zip(*want)]
     assert torch.equal(conf, torch.stack(want_conf, dim=1))
+    if vocab is not None:   # the block's logits cover the draft columns only, and the drafts are in the vocabulary
+        assert base.shape[1] == -(-len(vocab) // 16) * 16 and set(drafts.flatten().tolist()) <= set(vocab)
     # the padded block's real rows equal the unpadded block's, run eagerly
     eager_hidden, eager_base = strategy.model.draft(step_to(draft_step_inputs(block, strategy.layout, noise), "cpu"),
                                                     runner.cache)

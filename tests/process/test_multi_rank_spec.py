@@ -15,6 +15,9 @@ Against single-rank runs of the same engine (fp32, same prompts of mixed lengths
 """
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 
 from deepinfer import LLM, SamplingParams
@@ -93,6 +96,22 @@ def test_drafts_across_ranks_equal_single_rank(single_rank, monkeypatch, sizes):
         assert max(abs(a - b) for a, b in zip(got[3], want[3])) < 1e-4   # and confidences
     assert (stats.num_draft_tokens, stats.num_accepted_tokens) == (want_stats.num_draft_tokens,
                                                                    want_stats.num_accepted_tokens)
+
+
+def test_draft_vocabulary_over_a_split_head_equals_single_rank(single_rank, monkeypatch, tmp_path):
+    """cp2 splits the LM head by vocabulary: each rank scores the draft vocabulary's ids in its own slice
+    and the columns are gathered in rank order (models/draft_vocab.py); the drafts are the single-rank
+    ones with the same vocabulary, all of them in it."""
+    path, plain, _ = single_rank
+    vocab = sorted(random.Random(9).sample(range(129280), 700))
+    (tmp_path / "vocab.json").write_text(json.dumps({"token_ids": vocab}))
+    kw = dict(speculative_draft_vocab=str(tmp_path / "vocab.json"))
+    want_tokens, want_seen, _ = _generate(path, monkeypatch, plain, **kw)
+    tokens, seen, _ = _generate(path, monkeypatch, plain, context_parallel_size=2, **kw)
+    assert tokens == want_tokens and tokens[0] == plain[0] and tokens[2] == plain[2]
+    assert [s[:3] for s in seen] == [s[:3] for s in want_seen]
+    drafted = {t for s in seen for t in s[2]}
+    assert drafted and drafted <= set(vocab)
 
 
 def test_follower_killed_in_a_draft_block(tiny_v41_dir, monkeypatch):

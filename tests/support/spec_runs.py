@@ -22,7 +22,8 @@ def spec_llm(v41, **kw):
 def platform_llm(d, cfg, platform, worker_kw=None, **kw):
     """An fp32 LLM of 2 sequences, 64 tokens, 32-token steps over checkpoint d built for `platform`
     (worker_kw: e.g. the Neuron strategy's buckets)."""
-    model = build_model(cfg, str(d), torch.float32, progress=False, platform=platform)
+    model = build_model(cfg, str(d), torch.float32, progress=False, platform=platform,
+                        draft_vocab=kw.get("speculative_draft_vocab"))
     ec = EngineConfig(model=str(d), dtype="float32", max_model_len=64, max_num_seqs=2,
                       max_num_batched_tokens=32, **kw).resolve(cfg)
     worker = Worker(cfg, ec, model=model, platform=platform, **(worker_kw or {}))

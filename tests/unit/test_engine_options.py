@@ -49,6 +49,7 @@ OTHER_VALUES = {
     "rank_step_timeout": 30,
     "num_speculative_tokens": 3,
     "speculative_verify": "confidence",
+    "speculative_draft_vocab": "/srv/draft-vocab.json",
 }
 
 

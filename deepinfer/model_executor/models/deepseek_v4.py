@@ -205,6 +205,7 @@ class DeepseekV4Model(nn.Module):
                     blk.add_module(name, mod)
                 self.mtp.append(blk)
         self.writes_draft_keys = False  # set by enable_drafting (speculative decoding)
+        self.draft_vocab = None  # set by use_draft_vocab: the token ids drafts may take (models/draft_vocab.py)
         self.target_capture: list | None = None  # a list to append each forward's DSpark target features to
         yarn = cfg.rope_scaling
         self.rotary = {
@@ -299,12 +300,31 @@ class DeepseekV4Model(nn.Module):
         dspark_draft.check_draftable(self.cfg)
         self.writes_draft_keys = True
 
+    def use_draft_vocab(self, token_ids: list[int]) -> None:
+        """Let drafts take only `token_ids` (sorted, distinct): the draft heads then read only those rows
+        of the LM head and the Markov head (models/draft_vocab.py); verification is unchanged."""
+        from deepinfer.model_executor.models import draft_vocab
+        dspark_draft.check_draftable(self.cfg)
+        cols = draft_vocab.DraftColumns.build(token_ids, self.vocab_shard)
+        markov = self.mtp[-1].markov_head.head
+        head = draft_vocab.dense_rows(self.head, cols.local_rows, cols.local_real, self.dtype)
+        self.draft_vocab = draft_vocab.DraftVocab(
+            cols, head, draft_vocab.dense_rows(markov, cols.ids, cols.mask == 0, self.dtype), len(token_ids))
+
+    def draft_columns(self, base: torch.Tensor) -> torch.Tensor:
+        """The draft block's base logits over every draft column, from this rank's compute: the whole
+        vocabulary (a split head's slices gathered), or the draft vocabulary's columns (gathered the same
+        way, pad columns -inf)."""
+        full = self.full_logits(base)
+        return full if self.draft_vocab is None else full + self.draft_vocab.mask
+
     @torch.inference_mode()
     def draft(self, step: StepInputs, cache: ModelCache) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden_pre, base logits) of a DSpark draft block step (models/dspark_draft.py); the base
-        logits cover the whole vocabulary (the driver's draft heads add to them)."""
+        logits cover every draft column (`draft_columns`: the vocabulary, or the draft vocabulary's
+        columns), the driver's draft heads add to them."""
         hidden, base = dspark_draft.draft_forward(self, step, cache)
-        return hidden, self.full_logits(base)
+        return hidden, self.draft_columns(base)
 
     def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Every token's logits [N, V] from this rank's compute_logits output (its vocabulary slice
@@ -313,8 +333,12 @@ class DeepseekV4Model(nn.Module):
 
     def draft_heads(self, hidden: torch.Tensor, base: torch.Tensor,
                     prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, confidence) of one draft depth given the previous token (models/dspark_draft.py)."""
-        return dspark_draft.draft_heads(self, hidden, base, prev_ids)
+        """(logits [N, V], confidence) of one draft depth given the previous token (models/dspark_draft.py),
+        for the host's sampler: over the whole vocabulary, -inf outside a draft vocabulary."""
+        logits, conf = dspark_draft.draft_heads(self, hidden, base, prev_ids)
+        if self.draft_vocab is not None:
+            logits = self.draft_vocab.expand(logits, self.cfg.vocab_size)
+        return logits, conf
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits of this rank's head rows: [N, V], or [N, V / cp] of vocab_shard's tokens."""

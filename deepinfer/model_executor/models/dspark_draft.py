@@ -174,7 +174,9 @@ def draft_block_inputs(slot: torch.Tensor, last_pos: torch.Tensor, first_tokens:
 
 
 def draft_forward(model, step: StepInputs, cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden_pre [R*B, D], base logits [R*B, V] fp32) of a draft block step (module docstring)."""
+    """(hidden_pre [R*B, D], base logits fp32) of a draft block step (module docstring): this rank's
+    head columns, [R*B, V] (or its vocabulary slice), or its draft-vocabulary columns; `model.draft_columns`
+    makes them every draft column."""
     cfg, k = model.cfg, model.kernels
     ctx = StepContext(model, step, cache)
     e = model.embed.weight[step.input_ids]
@@ -185,8 +187,12 @@ def draft_forward(model, step: StepInputs, cache) -> tuple[torch.Tensor, torch.T
         x, prev_pre = blk(x, prev_pre, ctx, blk.layer_io(ctx))
     hidden = k.hc_pre(x, prev_pre)
     last = model.mtp[-1]
-    logits = model.compute_logits(k.rms_norm(hidden, last.norm.weight, cfg.rms_norm_eps))
-    return hidden, logits
+    normed = k.rms_norm(hidden, last.norm.weight, cfg.rms_norm_eps)
+    dv = model.draft_vocab
+    if dv is None:
+        return hidden, model.compute_logits(normed)
+    # only the draft vocabulary's rows of the head (models/draft_vocab.py): this rank's columns
+    return hidden, head_logits(normed, dv.head.weight, getattr(dv.head, "weight_bf16", None))
 
 
 def pad_draft_tokens(step: StepInputs, tokens: int, layout: CacheLayout) -> StepInputs:
@@ -218,23 +224,31 @@ def greedy_drafts(model, hidden: torch.Tensor, base: torch.Tensor, first_tokens:
                   depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(drafts [R, B] int64, confidences [R, B] fp32) of R block rows of B = depth tokens when every
     draft is the argmax of its depth's logits (base + Markov of the previous draft): the lowest id on
-    ties, as torch.argmax and the sampler's greedy rows (layers/sampler.py) take it. hidden, base:
-    the block's first R * B rows (block order), base over the whole vocabulary; first_tokens: x0 [R]."""
+    ties, as torch.argmax and the sampler's greedy rows (layers/sampler.py) take it (draft columns hold
+    ascending ids). hidden, base: the block's first R * B rows (block order), base over every draft
+    column (model.draft_columns); first_tokens: x0 [R]."""
     r = first_tokens.shape[0]
     hidden, base = hidden.view(r, depth, -1), base.view(r, depth, -1)
     prev, toks, confs = first_tokens, [], []
     for k in range(depth):
         lg, conf = draft_heads(model, hidden[:, k], base[:, k], prev)
-        prev = lg.argmax(dim=-1)
+        prev = column_token_ids(model, lg.argmax(dim=-1))
         toks.append(prev)
         confs.append(conf)
     return torch.stack(toks, dim=1), torch.stack(confs, dim=1)
 
 
+def column_token_ids(model, columns: torch.Tensor) -> torch.Tensor:
+    """Token ids of draft columns: the identity without a draft vocabulary (models/draft_vocab.py)."""
+    dv = getattr(model, "draft_vocab", None)
+    return columns if dv is None else dv.ids[columns]
+
+
 def draft_heads(model, hidden: torch.Tensor, base: torch.Tensor,
                 prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [N, V] fp32, confidence [N] fp32) of one draft depth: the block row's base logits plus
-    the Markov head's of the previous token, and the confidence head's estimate."""
+    """(logits [N, C] fp32, confidence [N] fp32) of one draft depth over the draft columns C (the
+    vocabulary, or a draft vocabulary's): the block row's base logits plus the Markov head's of the
+    previous token (an id), and the confidence head's estimate."""
     pe = markov_embed(model, prev_ids)
     return base + markov_logits(model, pe), confidence(model, hidden, pe)
 
@@ -245,8 +259,12 @@ def markov_embed(model, prev_ids: torch.Tensor) -> torch.Tensor:
 
 
 def markov_logits(model, prev_e: torch.Tensor) -> torch.Tensor:
-    """Wm2 . Wm1[prev] (fp32 [N, V]), added to the base logits of the row. A dense Wm2 goes through
-    the LM head's GEMM (layers/head_gemm.py: its bf16 copy, where the platform keeps one)."""
+    """Wm2 . Wm1[prev] (fp32 [N, C] over the draft columns), added to the base logits of the row. A dense
+    Wm2 goes through the LM head's GEMM (layers/head_gemm.py: its bf16 copy, where the platform keeps
+    one); with a draft vocabulary, only its rows (models/draft_vocab.py)."""
+    dv = model.draft_vocab
+    if dv is not None:
+        return head_logits(prev_e, dv.markov.weight, getattr(dv.markov, "weight_bf16", None))
     lin = model.mtp[-1].markov_head.head
     if is_packed(lin):
         return linear_mm(prev_e, lin, model.kernels).float()

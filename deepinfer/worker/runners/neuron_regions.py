@@ -75,8 +75,8 @@ def _exit(model, state, ctx):
 
 
 def _draft(model, buf, layout, cache, rows: int, depth: int):
-    """A draft block as one region: (fp32 [R * B, D + V] = [hidden_pre | whole-vocabulary base logits] of
-    the real block tokens, fp32 [rows, 2B] = the greedy drafts (as exact fp32 integers: ids < 2^24) and
+    """A draft block as one region: (fp32 [R * B, D + C] = [hidden_pre | base logits over every draft
+    column: the vocabulary, or a draft vocabulary's, models/draft_vocab.py] of the real block tokens, fp32 [rows, 2B] = the greedy drafts (as exact fp32 integers: ids < 2^24) and
     their confidences). The runner copies back one of the two: the rows when the host samples the
     drafts depth by depth, the greedy drafts when every row drafts by argmax (dspark_draft.greedy_drafts);
     both come from the same graph, so the plan keeps one draft graph a bucket."""
@@ -85,7 +85,7 @@ def _draft(model, buf, layout, cache, rows: int, depth: int):
     n = rows * depth   # the real rows' tokens; the power-of-two padding's are dropped before the gather
     # a vocabulary-split head's slice gathered over the CP group, in-graph ([n, V] fp32: 158 MiB at
     # V4.1-Flash, 64 rows x 5, against 252 MiB for all 512 padded tokens; §4 B7)
-    hidden, base = hidden[:n], model.full_logits(base[:n])
+    hidden, base = hidden[:n], model.draft_columns(base[:n])
     first = step.input_ids[:n].view(rows, depth)[:, 0]
     drafts, conf = greedy_drafts(model, hidden, base, first, depth)
     return torch.cat([hidden.float(), base], dim=1), torch.cat([drafts.float(), conf], dim=1)

@@ -34,6 +34,7 @@ class EngineArgs:
     attention_tp_size: int | None = None
     num_speculative_tokens: int = 0
     speculative_verify: str = "all"
+    speculative_draft_vocab: str | None = None
     enable_prefix_caching: bool = True
 
 
@@ -55,7 +56,8 @@ class OfflineDriver:
             context_parallel_size=args.context_parallel_size, expert_parallel_size=args.expert_parallel_size,
             attention_tp_size=args.attention_tp_size,
             num_speculative_tokens=args.num_speculative_tokens,
-            speculative_verify=args.speculative_verify, enable_prefix_caching=args.enable_prefix_caching))
+            speculative_verify=args.speculative_verify, enable_prefix_caching=args.enable_prefix_caching,
+            speculative_draft_vocab=args.speculative_draft_vocab if args.num_speculative_tokens else None))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()
