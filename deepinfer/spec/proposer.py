@@ -95,8 +95,14 @@ class DraftProposer:
                 if q is None:
                     q = torch.empty(len(sampled_rows), b, lg.shape[-1])
                 q[:, k] = out.random_logprobs.cpu()
-            toks.append(out.token_ids.tolist())
-            prev = out.token_ids
+            # a row whose draft logits were all masked (a grammar that allows no token of a draft
+            # vocabulary, models/draft_vocab.py) draws no real token: its drafting stops at this depth
+            ids = out.token_ids.clamp(max=lg.shape[-1] - 1)
+            drawn = (out.token_ids < lg.shape[-1]) & torch.isfinite(lg.gather(1, ids[:, None]).squeeze(1))
+            for c in torch.nonzero(~drawn).flatten().tolist():
+                limit[c] = min(limit[c], k)
+            toks.append(ids.tolist())
+            prev = ids
         for c, (i, _, _) in enumerate(rows):
             n = limit[c]
             if n == 0:

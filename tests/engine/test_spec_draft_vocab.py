@@ -118,3 +118,34 @@ def test_bad_settings_are_refused(tiny_v41_dir, tmp_path):
         EngineConfig(model=str(tiny_v41_dir), num_speculative_tokens=2, speculative_draft_vocab="")
     with pytest.raises(ValueError, match=r"token ids must be ints in \[0, "):
         _model(tiny_v41_dir, _vocab_file(tmp_path, [1, 10 ** 7], "big.json"))
+
+
+def test_grammar_rows_whose_tokens_lie_outside_the_vocabulary_draft_nothing(tiny_v41_dir, tmp_path, monkeypatch):
+    """A regex whose every token lies outside the draft vocabulary leaves a grammar row's draft logits all
+    masked: greedy and sampled rows then stop drafting (no out-of-vocabulary draw), and their tokens are
+    the plain run's, valid for the regex."""
+    from deepinfer.sampling_params import StructuredOutputsParams
+    regex = StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,4}")
+    d = tiny_v41_dir
+    tok = _tokenizer(d)
+    allowed = {i for i in range(tok.get_vocab_size())
+               if (t := tok.decode([i])) and all(ch.isdigit() or ch == "-" or "a" <= ch <= "z" for ch in t)}
+    vocab = [t for t in random.Random(3).sample(range(128000), 400) if t not in allowed]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=regex),
+              SamplingParams(temperature=0.9, seed=4, max_tokens=12, structured_outputs=regex)]
+    prompts = PROMPTS[:2]
+    plain = spec_llm(_model(d), max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
+    drafts = _recorded(monkeypatch)
+    llm = spec_llm(_model(d, _vocab_file(tmp_path, vocab)), max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert token_lists(outs)[0] == token_lists(plain)[0]
+    for o in outs:
+        head, _, tail = o.outputs[0].text.partition("-")
+        assert len(head) == 3 and head.isdigit() and 2 <= len(tail) <= 4 and tail.isalpha(), o.outputs[0].text
+        assert o.metrics.num_draft_tokens == 0
+    assert not [t for dr in drafts for t in dr]
+
+
+def _tokenizer(d):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(d / "tokenizer.json"))
