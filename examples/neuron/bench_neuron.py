@@ -110,6 +110,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="offline; on Neuron also the prefill bucket (default: next power of two >= "
                          "max input + max concurrency)")
     ap.add_argument("--enforce-eager", action="store_true", help="offline: no graph runner")
+    ap.add_argument("--warmup-graphs", action="store_true",
+                    help="offline: build every bucket's graph when the engine starts (the engine's warmup_graphs), "
+                         "so no measured request waits for a compile; the cell's warm-up requests alone may not "
+                         "reach every row bucket a closed loop of --concurrency requests visits")
     ap.add_argument("--weight-format", choices=("auto", "packed", "dense"), default="auto",
                     help="offline: weights packed in their checkpoint formats or dequantized at load "
                          "(default: the platform's)")
@@ -209,7 +213,8 @@ def build_driver(args: argparse.Namespace, nextn: int = 0):
         enforce_eager=args.enforce_eager, seed=args.seed, temperature=args.temperature,
         weight_format=args.weight_format, context_parallel_size=args.cp, expert_parallel_size=args.ep,
         attention_tp_size=args.attention_tp_size, num_speculative_tokens=nextn,
-        speculative_verify=args.speculative_verify, speculative_draft_vocab=args.draft_vocab))
+        speculative_verify=args.speculative_verify, speculative_draft_vocab=args.draft_vocab,
+        warmup_graphs=args.warmup_graphs))
     return driver, "deepinfer-offline", driver.platform_info()
 
 

@@ -35,6 +35,7 @@ class EngineArgs:
     num_speculative_tokens: int = 0
     speculative_verify: str = "all"
     speculative_draft_vocab: str | None = None
+    warmup_graphs: bool = False
     enable_prefix_caching: bool = True
 
 
@@ -57,7 +58,8 @@ class OfflineDriver:
             attention_tp_size=args.attention_tp_size,
             num_speculative_tokens=args.num_speculative_tokens,
             speculative_verify=args.speculative_verify, enable_prefix_caching=args.enable_prefix_caching,
-            speculative_draft_vocab=args.speculative_draft_vocab if args.num_speculative_tokens else None))
+            speculative_draft_vocab=args.speculative_draft_vocab if args.num_speculative_tokens else None,
+            warmup_graphs=args.warmup_graphs))
         self.load_s = time.perf_counter() - t0
         self.vocab_size = self.engine.vocab_size
         self._ids = itertools.count()
