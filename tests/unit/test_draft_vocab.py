@@ -81,7 +81,7 @@ def test_columns_of_a_split_head_are_rank_blocks_in_ascending_ids():
 def test_expand_puts_column_logits_at_their_ids_and_minus_inf_elsewhere():
     ids = [2, 5, 7]
     cols = DraftColumns.build(ids)
-    dv = DraftVocab(cols, torch.zeros(PAD_TO, 4), torch.zeros(PAD_TO, 2), len(ids))
+    dv = DraftVocab(cols, torch.zeros(PAD_TO, 4), torch.zeros(PAD_TO, 2))
     logits = torch.full((2, PAD_TO), float("-inf"))
     logits[:, :3] = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     full = dv.expand(logits, 10)

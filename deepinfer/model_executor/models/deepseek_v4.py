@@ -309,7 +309,7 @@ class DeepseekV4Model(nn.Module):
         markov = self.mtp[-1].markov_head.head
         head = draft_vocab.dense_rows(self.head, cols.local_rows, cols.local_real, self.dtype)
         self.draft_vocab = draft_vocab.DraftVocab(
-            cols, head, draft_vocab.dense_rows(markov, cols.ids, cols.mask == 0, self.dtype), len(token_ids))
+            cols, head, draft_vocab.dense_rows(markov, cols.ids, cols.mask == 0, self.dtype))
 
     def draft_columns(self, base: torch.Tensor) -> torch.Tensor:
         """The draft block's base logits over every draft column, from this rank's compute: the whole

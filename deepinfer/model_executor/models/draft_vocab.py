@@ -124,14 +124,13 @@ class DraftVocab(nn.Module):
     """The model's draft vocabulary (DeepseekV4Model.use_draft_vocab): the LM head's and the Markov
     head's rows of its columns, and the columns' ids and mask (buffers, moved with the model)."""
 
-    def __init__(self, cols: DraftColumns, head: torch.Tensor, markov: torch.Tensor, num_tokens: int):
+    def __init__(self, cols: DraftColumns, head: torch.Tensor, markov: torch.Tensor):
         super().__init__()
         self.head = DraftHead(head)        # [m, D]: this rank's columns of the LM head
         self.markov = DraftHead(markov)    # [C, r]: every column of the Markov head (replicated)
         self.register_buffer("ids", cols.ids, persistent=False)
         self.register_buffer("mask", cols.mask, persistent=False)
         self.register_buffer("real", cols.real, persistent=False)
-        self.num_tokens = int(num_tokens)
 
     def expand(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[N, V] fp32 logits from [N, C] column logits: -inf outside the draft vocabulary (what a
