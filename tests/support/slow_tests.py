@@ -15,6 +15,7 @@ SLOW = {
     # engine
     "engine/test_spec_decode.py::test_confidence_scheduled_greedy_equals_plain_greedy": 29,
     "engine/test_spec_decode.py::test_sampled_requests_reproduce_per_seed_across_batches": 28,
+    "engine/test_spec_draft_vocab.py::test_sampled_drafts_stay_in_the_vocabulary_and_reproduce_per_seed": 11,
     "engine/test_spec_decode.py::test_greedy_with_oracle_drafts_mixed_lengths_chunked_and_preempted": 23,
     "engine/test_spec_decode.py::test_confidence_scheduled_sampling_runs_and_frees_everything": 10,
     "engine/test_spec_constrained.py::test_grammar_rows_draft_and_keep_the_text_and_the_matcher": 32,
