@@ -12,10 +12,9 @@ import torch
 from deepinfer import SamplingParams
 from deepinfer.config import ModelConfig
 from deepinfer.engine_config import EngineConfig
-from deepinfer.spec import proposer
 from deepinfer.worker.worker import build_model
 
-from tests.support.spec_runs import prompts_of_lengths, spec_llm, token_lists
+from tests.support.spec_runs import prompts_of_lengths, record_proposals, spec_llm, token_lists
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = prompts_of_lengths((5, 17, 30), seed=7)
@@ -24,27 +23,6 @@ PROMPTS = prompts_of_lengths((5, 17, 30), seed=7)
 def _model(d, draft_vocab=None):
     cfg = ModelConfig.from_pretrained(d)
     return d, cfg, build_model(cfg, str(d), torch.float32, progress=False, draft_vocab=draft_vocab)
-
-
-def _recorded(monkeypatch) -> list:
-    """Every proposal's draft ids, in the order the proposer made them (host or device drafts)."""
-    seen, real, taken = [], proposer.DraftProposer.propose, proposer.DraftProposer.take_drafts
-
-    def note(results):
-        for i in sorted(results):
-            if results[i].proposal:
-                seen.append(list(results[i].proposal.token_ids))
-
-    def propose(self, scheduled, results):
-        real(self, scheduled, results)
-        note(results)
-
-    def take(self, scheduled, results, drafted):
-        taken(self, scheduled, results, drafted)
-        note(results)
-    monkeypatch.setattr(proposer.DraftProposer, "propose", propose)
-    monkeypatch.setattr(proposer.DraftProposer, "take_drafts", take)
-    return seen
 
 
 def _vocab_file(tmp_path, ids, name="vocab.json") -> str:
@@ -60,22 +38,23 @@ def reference(tiny_v41_dir):
     plain = token_lists(spec_llm(v41, max_model_len=96, max_num_seqs=4).generate(PROMPTS, GREEDY, use_tqdm=False))
     mp = pytest.MonkeyPatch()
     try:
-        drafts = _recorded(mp)
+        seen = record_proposals(mp)
         llm = spec_llm(v41, max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
         tokens = token_lists(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     finally:
         mp.undo()
+    drafts = [ids for _, _, ids, _ in seen]
     assert drafts and tokens == plain
     return plain, tokens, drafts
 
 
 def _spec_run(d, vocab, monkeypatch, params=GREEDY, prompts=PROMPTS, **kw):
-    drafts = _recorded(monkeypatch)
+    seen = record_proposals(monkeypatch)
     llm = spec_llm(_model(d, vocab), max_model_len=96, max_num_seqs=4, num_speculative_tokens=3, **kw)
     outs = llm.generate(prompts, params, use_tqdm=False)
     st = llm.llm_engine.stats()
     assert st.num_used_blocks == 0 and st.num_used_state_slots == 0
-    return token_lists(outs), drafts
+    return token_lists(outs), [ids for _, _, ids, _ in seen]
 
 
 def test_a_vocabulary_holding_every_draft_gives_the_same_drafts(tiny_v41_dir, tmp_path, reference, monkeypatch):
@@ -135,7 +114,7 @@ def test_grammar_rows_whose_tokens_lie_outside_the_vocabulary_draft_nothing(tiny
               SamplingParams(temperature=0.9, seed=4, max_tokens=12, structured_outputs=regex)]
     prompts = PROMPTS[:2]
     plain = spec_llm(_model(d), max_model_len=96, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
-    drafts = _recorded(monkeypatch)
+    seen = record_proposals(monkeypatch)
     llm = spec_llm(_model(d, _vocab_file(tmp_path, vocab)), max_model_len=96, max_num_seqs=4, num_speculative_tokens=3)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert token_lists(outs)[0] == token_lists(plain)[0]
@@ -143,7 +122,7 @@ def test_grammar_rows_whose_tokens_lie_outside_the_vocabulary_draft_nothing(tiny
         head, _, tail = o.outputs[0].text.partition("-")
         assert len(head) == 3 and head.isdigit() and 2 <= len(tail) <= 4 and tail.isalpha(), o.outputs[0].text
         assert o.metrics.num_draft_tokens == 0
-    assert not [t for dr in drafts for t in dr]
+    assert not [t for _, _, ids, _ in seen for t in ids]
 
 
 def _tokenizer(d):

@@ -21,10 +21,9 @@ import random
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.spec import proposer
 
 from tests.support.processes import alive
-from tests.support.spec_runs import oracle_drafts
+from tests.support.spec_runs import oracle_drafts, record_proposals
 
 ENGINE = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, num_kv_blocks=40,
               enforce_eager=True, skip_tokenizer_init=True, dtype="float32")
@@ -36,26 +35,10 @@ PARAMS = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
 DRAFTS = 3
 
 
-def _record(monkeypatch) -> list:
-    """Every proposal the draft forward made: (prompt length, outputs before it, ids, confidences)."""
-    seen = []
-    real = proposer.DraftProposer.propose
-
-    def draft(self, scheduled, results):
-        real(self, scheduled, results)
-        for i, s in enumerate(scheduled):
-            prop = results.get(i) and results[i].proposal
-            if prop:
-                seen.append((s.seq.prompt_len, s.seq.num_output_tokens + len(results[i].tokens),
-                             list(prop.token_ids), list(prop.confidences)))
-    monkeypatch.setattr(proposer.DraftProposer, "propose", draft)
-    return seen
-
-
 def _generate(path, monkeypatch, plain_tokens, **kw):
     """(tokens, proposals, spec counters) of one speculative run with oracle drafts."""
     with monkeypatch.context() as m:
-        seen = _record(m)
+        seen = record_proposals(m)
         oracle_drafts(m, PROMPTS, plain_tokens)
         with LLM(path, **ENGINE, num_speculative_tokens=DRAFTS, **kw) as llm:
             ranks = getattr(llm.llm_engine.executor, "ranks", None)   # none on one rank

@@ -69,3 +69,28 @@ def oracle_drafts(monkeypatch, prompts, continuations, corrupt=0.3):
             prop.token_ids = ids
     monkeypatch.setattr(proposer.DraftProposer, "propose", draft)
     monkeypatch.setattr(proposer.DraftProposer, "take_drafts", take)
+
+
+def record_proposals(monkeypatch) -> list:
+    """Every proposal the proposer makes, drafted on the host (`propose`) or with the step on the device
+    (`take_drafts`), in step and row order: (prompt length, outputs before it, draft ids, confidences)."""
+    seen = []
+    real_propose, real_take = proposer.DraftProposer.propose, proposer.DraftProposer.take_drafts
+
+    def note(scheduled, results):
+        for i, s in enumerate(scheduled):
+            prop = results.get(i) and results[i].proposal
+            if prop:
+                seen.append((s.seq.prompt_len, s.seq.num_output_tokens + len(results[i].tokens),
+                             list(prop.token_ids), list(prop.confidences)))
+
+    def propose(self, scheduled, results):
+        real_propose(self, scheduled, results)
+        note(scheduled, results)
+
+    def take(self, scheduled, results, drafted):
+        real_take(self, scheduled, results, drafted)
+        note(scheduled, results)
+    monkeypatch.setattr(proposer.DraftProposer, "propose", propose)
+    monkeypatch.setattr(proposer.DraftProposer, "take_drafts", take)
+    return seen
