@@ -97,6 +97,12 @@ ENV_VARS: list[EnvVar] = [
            "generates fused CPU code; aot_eager traces the same graphs without code generation (fast to "
            "compile, eager speed).",
            ("inductor", "aot_eager")),
+    EnvVar("DEEPINFER_CPU_COMPILE_SCOPE", "step", "choice",
+           "cpu platform, compiled steps (DEEPINFER_CPU_COMPILE=1): step compiles each bucket's whole step "
+           "(entry, every decoder layer, exit) as one graph; layer compiles Neuron's regions, one a decoder "
+           "layer kind plus the entry and exit (more graph calls a step, each paying Dynamo's entry and "
+           "inductor's wrapper; neuron_ops/regions.py COMPILE_SCOPES).",
+           ("step", "layer")),
     EnvVar("DEEPINFER_CPU_KEEP_FREED_MEMORY", True, "bool",
            "cpu platform: when a rank starts, raise glibc's mmap / trim thresholds (256 / 512 MiB, process-"
            "wide) so each step's buffers reuse freed heap pages instead of faulting in fresh ones "

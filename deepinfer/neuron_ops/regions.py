@@ -83,8 +83,15 @@ SUB_REGIONS = ("projections", "attention", "ffn")
 # The model's top level, one graph each per bucket: "entry" (the packed step inputs unpacked, prefix
 # restores, embedding, RoPE tables), "exit" (the draft layers' main keys, HC collapse, final norm, LM
 # head) and, with speculative decoding, "draft" (a whole DSpark draft block); each eager op between
-# regions would be a launch of its own on a device (docs/neuron.md §4 C1, C4).
-TOP_REGIONS = ("entry", "exit", "draft", "verify_draft")
+# regions would be a launch of its own on a device (docs/neuron.md §4 C1, C4). "step" is a whole step
+# (entry, every decoder layer, exit) as one graph: the cpu platform's default scope (COMPILE_SCOPES).
+TOP_REGIONS = ("entry", "exit", "draft", "verify_draft", "step")
+# What one graph of a bucketed step holds. layer: one region a decoder layer (or its sub-regions) plus
+# the entry and exit graphs, so layers of one kind share a graph (what a device compiles: §5.10).
+# step: the whole step in one graph, the layers unrolled: on a CPU every region call pays Dynamo's
+# entry and inductor's Python wrapper, about 0.15 ms each, and a graph cannot fuse across its edges
+# (README "Compiled CPU decode step" has the measurement).
+COMPILE_SCOPES = ("layer", "step")
 
 
 def splits(policy: str, num_seqs: int, num_tokens: int, prompt: bool | None = None) -> bool:
@@ -155,12 +162,17 @@ def call_region(compiled, *args):
 class RegionRunner:
     """`run_layer` hooks for DeepseekV4Model.forward: compiled regions per layer kind."""
 
-    def __init__(self, backend: str = "aot_eager", split: str = "never", fullgraph: bool = True):
-        """split: the policy of SPLIT_POLICIES (the platform passes DEEPINFER_NEURON_REGION_SPLIT)."""
+    def __init__(self, backend: str = "aot_eager", split: str = "never", fullgraph: bool = True,
+                 scope: str = "layer"):
+        """split: the policy of SPLIT_POLICIES (the platform passes DEEPINFER_NEURON_REGION_SPLIT);
+        scope: COMPILE_SCOPES (the cpu platform passes DEEPINFER_CPU_COMPILE_SCOPE; a device compiles
+        layers)."""
         if backend not in ("aot_eager", "inductor", "eager", "neuron"):
             raise ValueError(f"backend: expected aot_eager, inductor, eager or neuron, got {backend!r}")
+        if scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile scope: expected one of {'|'.join(COMPILE_SCOPES)}, got {scope!r}")
         splits(split, 1, 1)   # rejects an unknown policy
-        self.backend, self.split, self.fullgraph = backend, split, fullgraph
+        self.backend, self.split, self.fullgraph, self.scope = backend, split, fullgraph, scope
         self.stats = RegionStats()
         self._kind_of = weakref.WeakKeyDictionary()   # layer -> kind index (ids get reused)
         self._fns: dict[int, tuple] = {}      # kind index -> compiled callables

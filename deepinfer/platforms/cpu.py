@@ -1,8 +1,9 @@
 """CPU: the PyTorch path on the host. Steps run eagerly by default; with DEEPINFER_CPU_COMPILE=1
-decode and verification steps run through compiled decoder-layer regions (worker/runners/cpu_compiled.py:
-the region runner and static buckets of Neuron host mode, neuron_ops/regions.py and
-model_executor/static_step.py, compiled by DEEPINFER_CPU_COMPILE_BACKEND), prompt steps eagerly with
-fused elementwise kernels (worker/runners/prompt_kernels.py).
+decode and verification steps run compiled (worker/runners/cpu_compiled.py: the region runner and
+static buckets of Neuron host mode, neuron_ops/regions.py and model_executor/static_step.py, compiled
+by DEEPINFER_CPU_COMPILE_BACKEND), each step one graph by default (DEEPINFER_CPU_COMPILE_SCOPE=step;
+`layer` compiles Neuron's per-layer regions), prompt steps eagerly with fused elementwise kernels
+(worker/runners/prompt_kernels.py).
 `enforce_eager` (or DEEPINFER_CPU_COMPILE=0) is the eager fallback."""
 import logging
 
@@ -121,8 +122,9 @@ class CpuPlatform(Platform):
         return {**super().signature(), "compile_backend": envs.get("DEEPINFER_CPU_COMPILE_BACKEND"),
                 "bf16_head": bool(envs.get("DEEPINFER_CPU_BF16_HEAD")),
                 "bf16_head_kernel": envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL"),
-                "skip_warm_guards": self.skip_warm_guards}
+                "skip_warm_guards": self.skip_warm_guards, "compile_scope": envs.get("DEEPINFER_CPU_COMPILE_SCOPE")}
 
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner
-        return RegionRunner(backend=envs.get("DEEPINFER_CPU_COMPILE_BACKEND"), split="never")
+        return RegionRunner(backend=envs.get("DEEPINFER_CPU_COMPILE_BACKEND"), split="never",
+                            scope=envs.get("DEEPINFER_CPU_COMPILE_SCOPE"))

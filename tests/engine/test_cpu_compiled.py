@@ -21,9 +21,10 @@ def _llm(ckpt, **kw):
     return LLM(model=str(ckpt), dtype="float32", max_model_len=48, max_num_seqs=2, **kw)
 
 
-def _compiled(monkeypatch, backend="aot_eager"):
+def _compiled(monkeypatch, backend="aot_eager", scope="step"):
     monkeypatch.setenv("DEEPINFER_CPU_COMPILE", "1")
     monkeypatch.setenv("DEEPINFER_CPU_COMPILE_BACKEND", backend)
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE_SCOPE", scope)
 
 
 def test_cpu_platform_runner_follows_the_env(monkeypatch):
@@ -38,16 +39,21 @@ def test_cpu_platform_runner_follows_the_env(monkeypatch):
     assert spec.verify_tokens == 4
 
 
+@pytest.mark.parametrize("scope", ["step", "layer"])
 @pytest.mark.parametrize("kind", ["v4", "v41"])
-def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, monkeypatch, cpu_platform):
+def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monkeypatch, cpu_platform):
+    """Both compile scopes: each decode step one graph (the default), or Neuron's per-layer regions."""
     ckpt = request.getfixturevalue("tiny_v4_dir" if kind == "v4" else "tiny_v41_dir")
     prompts = prompts_of_lengths([11, 5], seed=4)
     eager = token_lists(_llm(ckpt, enforce_eager=True).generate(prompts, GREEDY, use_tqdm=False))
-    _compiled(monkeypatch)
+    _compiled(monkeypatch, scope=scope)
     llm = _llm(ckpt)
     strategy = llm.llm_engine.worker.runner.strategy
-    assert strategy.name == "cpu_compiled"
+    assert strategy.name == "cpu_compiled" and strategy.regions.scope == scope
     assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
+    # step scope: one graph a bucket, no layer region compiled; layer scope: the entry, layers, exit
+    regions = set(strategy.regions.stats.regions)
+    assert regions == ({"step"} if scope == "step" else {"entry", "layer", "exit"}), regions
     # decode steps ran in row buckets through compiled regions, prompt steps eagerly with the fused
     # kernel table (worker/runners/prompt_kernels.py), and the model has its own table back
     assert strategy.num_graphs > 0 and strategy.eager_steps > 0

@@ -179,6 +179,23 @@ def test_never_and_always_policies():
         RegionRunner("aot_eager", split="sometimes")
 
 
+def test_step_scope_plans_one_graph_a_bucket():
+    """The cpu platform's "step" compile scope: a bucket is one graph whatever its layer kinds and split;
+    the draft and verify_draft graphs stay as they are."""
+    spec = BucketSpec(batch=(1, 2), contexts=(64,), prefill_tokens=None, verify_tokens=3)
+    kinds = [("a",), ("b",), ("a",)]
+    layer = compile_plan(spec, kinds, "never", drafts=2)
+    step = compile_plan(spec, kinds, "never", drafts=2, scope="step")
+    buckets = len({(g.tokens, g.context) for g in layer.graphs if g.region == "entry"})
+    assert step.counts("region") == {"step": buckets, "draft": 2, "verify_draft": 2}
+    assert layer.counts("region") == {"layer": 2 * buckets, "entry": buckets, "exit": buckets, "draft": 2,
+                                      "verify_draft": 2}
+    with pytest.raises(ValueError, match="layer|step"):
+        compile_plan(spec, kinds, "never", scope="model")
+    with pytest.raises(ValueError, match="layer|step"):
+        RegionRunner("aot_eager", scope="model")
+
+
 def test_plan_script_prints_and_writes_the_v41_flash_plan(defaults, tmp_path, capsys):
     import importlib.util
     spec = importlib.util.spec_from_file_location("compile_plan_script", ROOT / "examples/neuron/compile_plan.py")

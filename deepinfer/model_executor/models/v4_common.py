@@ -52,7 +52,15 @@ class StepContext:
     Everything position- or layer-dependent is computed here, before the layer loop (RoPE tables, in
     the step's compiled entry region under Neuron regions; the Engram rows come gathered with the step),
     so layer code only reads it: compiled layer regions then see the same
-    Python state for every layer of a kind (docs/neuron.md §4 F1)."""
+    Python state for every layer of a kind (docs/neuron.md §4 F1).
+
+    Slots, as LayerIO's (below): a whole step compiled as one graph (the cpu platform's "step" scope)
+    builds this object and writes `candidates` / `shared_hidden` inside the trace, after the torch.cond
+    of an earlier layer; with an instance __dict__ Dynamo lost those writes (the YOCO consumer read
+    None)."""
+
+    __slots__ = ("step", "cache", "model", "k", "_rope", "_entry_rope", "engram_rows", "topk", "candidates",
+                 "shared_hidden", "targets")
 
     def __init__(self, model: nn.Module, step: StepInputs, cache: ModelCache, tables=None):
         """model: the DeepseekV4Model running the step (not imported here: that module imports this one);

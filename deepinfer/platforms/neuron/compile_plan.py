@@ -10,6 +10,8 @@ decoding a "draft" graph per row bucket (rows x B tokens padded to a power of tw
 window attention reads no context table; the same graph serves host-sampled and argmax drafts),
 and a "verify_draft" graph per verification row bucket (a greedy step's acceptance over that bucket's
 exit logits rows, then the next draft block of its rows: spec/greedy_step.py); their `kind` is TOP_KIND.
+Under the cpu platform's "step" compile scope a bucket is one "step" graph instead of its entry, layer
+and exit graphs (neuron_ops/regions.py COMPILE_SCOPES).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model_executor.static_step import Bucket, BucketSpec, draft_block_tokens
-from deepinfer.neuron_ops.regions import kind_key, regions_of_step
+from deepinfer.neuron_ops.regions import COMPILE_SCOPES, kind_key, regions_of_step
 
 TOP_KIND = -1   # PlannedGraph.kind of the top-level regions (regions.TOP_REGIONS)
 
@@ -113,11 +115,15 @@ def greedy_spec_rows(bucket: Bucket, spec: BucketSpec, rows: int) -> int | None:
     return None if r is None or bucket.num_tokens != spec.verify_bucket_tokens(r) else r
 
 
-def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts: int = 0) -> CompilePlan:
+def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts: int = 0,
+                 scope: str = "layer") -> CompilePlan:
     """Every region graph warm-up compiles for these buckets, layer kinds (one per decoder layer, in
-    layer order), split policy and draft block length (0: no speculative decoding). Graphs are unique
-    per (region, kind, tokens, context): two buckets of one shape share their graphs, as Dynamo shares
-    them."""
+    layer order), split policy, draft block length (0: no speculative decoding) and compile scope
+    (regions.COMPILE_SCOPES: "step" compiles each bucket as one "step" graph, layers unrolled). Graphs
+    are unique per (region, kind, tokens, context): two buckets of one shape share their graphs, as
+    Dynamo shares them."""
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile scope: expected one of {'|'.join(COMPILE_SCOPES)}, got {scope!r}")
     kinds: list[tuple] = []
     for key in layer_kinds:
         if key not in kinds:
@@ -127,6 +133,9 @@ def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts:
     for bucket in spec.all_buckets():
         step = step_class(bucket, spec)
         t, c = bucket.num_tokens, bucket.context
+        if scope == "step":
+            seen.setdefault(("step", TOP_KIND, t, c), PlannedGraph("step", TOP_KIND, step, t, c))
+            continue
         seen.setdefault(("entry", TOP_KIND, t, c), PlannedGraph("entry", TOP_KIND, step, t, c))
         for region in regions_of_step(split, bucket.num_seqs, t, prompt=step == "prefill"):
             for k in range(len(kinds)):

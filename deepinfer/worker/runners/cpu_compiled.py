@@ -4,9 +4,12 @@ CPU platform (platforms/cpu.py, DEEPINFER_CPU_COMPILE=1).
 The Neuron host-mode strategy (worker/runners/neuron_regions.py) with the CPU platform's buckets and
 backend: each decode or verification step is padded to its (rows, context) bucket with placeholder
 rows (scratch slot 0 / block 0), its metadata given static sizes (model_executor/static_step.py), and
-every decoder layer runs as one region graph per (layer kind, bucket) (neuron_ops/regions.py),
-compiled by torch.compile (inductor by default: the mHC Sinkhorn iterations, the hyper-connection
-pre/post and the other elementwise work of a layer become a few generated loops around the GEMMs).
+the whole step (entry, every decoder layer, exit) runs as one graph per bucket, or with
+DEEPINFER_CPU_COMPILE_SCOPE=layer as Neuron's regions, one graph per (layer kind, bucket) plus the
+entry and exit (neuron_ops/regions.py COMPILE_SCOPES), compiled by torch.compile (inductor by default:
+the mHC Sinkhorn iterations, the hyper-connection pre/post and the other elementwise work of a layer
+become a few generated loops around the GEMMs). One graph a step is the default because each graph
+call costs Dynamo's entry and inductor's Python wrapper (README "Compiled CPU decode step").
 Prompt steps fit no bucket and run eagerly, with the kernel table's elementwise kernels (mHC mixes,
 pre / post, RMSNorm, RoPE, the compressor's pooling, the sink attention's query chunks) compiled once,
 only their token dimension dynamic (prompt_kernels.py). The compile cost is paid when a bucket (or the

@@ -74,6 +74,15 @@ def _exit(model, state, ctx):
     return model.finish(state, ctx)
 
 
+def _whole_step(model, buf, layout, cache):
+    """A bucketed step with a compiled exit as one graph (compile scope "step",
+    regions.COMPILE_SCOPES): what the entry, the layer regions and the exit run one after another, the
+    decoder layers unrolled."""
+    tensors, x, prev_pre, tables = _entry(model, buf, layout, cache)
+    ctx = StepContext(model, step_pack.rebuild(layout, tensors), cache, tables)
+    return model.finish(model.run_layers(x, prev_pre, ctx), ctx)
+
+
 def _draft(model, buf, layout, cache, rows: int, depth: int):
     """A draft block as one region: (fp32 [R * B, D + C] = [hidden_pre | base logits over every draft
     column: the vocabulary, or a draft vocabulary's, models/draft_vocab.py] of the real block tokens, fp32 [rows, 2B] = the greedy drafts (as exact fp32 integers: ids < 2^24) and
@@ -123,7 +132,7 @@ class NeuronRegionStrategy(RunnerStrategy):
             from deepinfer.neuron_ops.regions import layer_kind
             from deepinfer.platforms.neuron.compile_plan import compile_plan
             self.plan = compile_plan(buckets, [layer_kind(layer) for layer in model.layers], self.regions.split,
-                                     drafts=self.drafts)
+                                     drafts=self.drafts, scope=self.regions.scope)
             # one line a host: every rank of it compiles the same plan
             log = logger.info if getattr(platform, "rank", 0) == 0 else logger.debug
             log("Neuron compile plan: %s", self.plan.describe())
@@ -430,6 +439,9 @@ class NeuronRegionStrategy(RunnerStrategy):
 
     def _compiled_forward(self, packed: PackedStep, cache, run_layer) -> torch.Tensor:
         model = self.model
+        if self.regions.scope == "step" and packed.compiled_exit:
+            return self._region("step", _whole_step, model, packed.buf, packed.layout, cache)
+        # a step whose logits rows exceed its exit's (prompt logprobs) runs the layer regions, exit eager
         tensors, x, prev_pre, tables = self._region("entry", _entry, model, packed.buf, packed.layout, cache)
         step = step_pack.rebuild(packed.layout, tensors)
         if packed.logits_indices is not None:
