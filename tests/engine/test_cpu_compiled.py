@@ -80,6 +80,22 @@ def test_compiled_verification_gives_the_plain_tokens(tiny_v41_dir, monkeypatch,
     assert any(t in (3, 6) for t, _ in strategy.buckets_seen), strategy.buckets_seen   # verify buckets ran
 
 
+def test_greedy_speculative_steps_in_one_step_graph_give_plain_greedy(tiny_v41_dir, monkeypatch, cpu_platform):
+    """The step scope's verification forward feeds the verify_draft region (spec/greedy_step.py): the
+    tiny V4.1's own (random) drafts, greedy, give the plain eager tokens."""
+    prompts = prompts_of_lengths([11, 5], seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
+    plain = token_lists(_llm(tiny_v41_dir, enforce_eager=True).generate(prompts, params, use_tqdm=False))
+    _compiled(monkeypatch)
+    llm = _llm(tiny_v41_dir, num_speculative_tokens=2, max_num_batched_tokens=16)
+    strategy = llm.llm_engine.worker.runner.strategy
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert token_lists(outs) == plain
+    assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+    stats = strategy.regions.stats.regions
+    assert stats["step"] > 0 and stats["verify_draft"] > 0 and stats["layer"] == 0, stats
+
+
 @pytest.mark.slow
 def test_inductor_decode_steps_give_transformers_greedy_tokens(tiny_v4_dense_dir, monkeypatch, cpu_platform):
     """Golden through the compiled path: inductor-generated decode steps, greedy, vs transformers' generate."""
