@@ -63,14 +63,19 @@ def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monke
     assert strategy.compile_s > 0
 
 
+def _plain_then_speculative(ckpt, monkeypatch, seed: int):
+    """(prompts, greedy params, the eager plain tokens, a compiled engine drafting 2 tokens a row)."""
+    prompts = prompts_of_lengths([11, 5], seed=seed)
+    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
+    plain = token_lists(_llm(ckpt, enforce_eager=True).generate(prompts, params, use_tqdm=False))
+    _compiled(monkeypatch)
+    return prompts, params, plain, _llm(ckpt, num_speculative_tokens=2, max_num_batched_tokens=16)
+
+
 def test_compiled_verification_gives_the_plain_tokens(tiny_v41_dir, monkeypatch, cpu_platform):
     """Verification rows (1 + 2 tokens a sequence) run in their own buckets; every oracle draft is
     accepted, so the tokens are the plain eager run's."""
-    prompts = prompts_of_lengths([11, 5], seed=5)
-    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
-    plain = token_lists(_llm(tiny_v41_dir, enforce_eager=True).generate(prompts, params, use_tqdm=False))
-    _compiled(monkeypatch)
-    llm = _llm(tiny_v41_dir, num_speculative_tokens=2, max_num_batched_tokens=16)
+    prompts, params, plain, llm = _plain_then_speculative(tiny_v41_dir, monkeypatch, seed=5)
     strategy = llm.llm_engine.worker.runner.strategy
     with oracle_drafts(llm, {tuple(p["prompt_token_ids"]): t for p, t in zip(prompts, plain)}):
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -83,11 +88,7 @@ def test_compiled_verification_gives_the_plain_tokens(tiny_v41_dir, monkeypatch,
 def test_greedy_speculative_steps_in_one_step_graph_give_plain_greedy(tiny_v41_dir, monkeypatch, cpu_platform):
     """The step scope's verification forward feeds the verify_draft region (spec/greedy_step.py): the
     tiny V4.1's own (random) drafts, greedy, give the plain eager tokens."""
-    prompts = prompts_of_lengths([11, 5], seed=8)
-    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
-    plain = token_lists(_llm(tiny_v41_dir, enforce_eager=True).generate(prompts, params, use_tqdm=False))
-    _compiled(monkeypatch)
-    llm = _llm(tiny_v41_dir, num_speculative_tokens=2, max_num_batched_tokens=16)
+    prompts, params, plain, llm = _plain_then_speculative(tiny_v41_dir, monkeypatch, seed=8)
     strategy = llm.llm_engine.worker.runner.strategy
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert token_lists(outs) == plain
