@@ -94,6 +94,13 @@ TOP_REGIONS = ("entry", "exit", "draft", "verify_draft", "step")
 COMPILE_SCOPES = ("layer", "step")
 
 
+def checked_scope(scope: str) -> str:
+    """`scope` if it is one of COMPILE_SCOPES, else a ValueError naming them."""
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile scope: expected one of {'|'.join(COMPILE_SCOPES)}, got {scope!r}")
+    return scope
+
+
 def splits(policy: str, num_seqs: int, num_tokens: int, prompt: bool | None = None) -> bool:
     """Whether a step of this bucket runs its layers as SUB_REGIONS under `policy`. prompt: whether the
     bucket is a prompt-chunk bucket (compile_plan.step_class); None: any multi-row bucket is."""
@@ -169,10 +176,8 @@ class RegionRunner:
         layers)."""
         if backend not in ("aot_eager", "inductor", "eager", "neuron"):
             raise ValueError(f"backend: expected aot_eager, inductor, eager or neuron, got {backend!r}")
-        if scope not in COMPILE_SCOPES:
-            raise ValueError(f"compile scope: expected one of {'|'.join(COMPILE_SCOPES)}, got {scope!r}")
         splits(split, 1, 1)   # rejects an unknown policy
-        self.backend, self.split, self.fullgraph, self.scope = backend, split, fullgraph, scope
+        self.backend, self.split, self.fullgraph, self.scope = backend, split, fullgraph, checked_scope(scope)
         self.stats = RegionStats()
         self._kind_of = weakref.WeakKeyDictionary()   # layer -> kind index (ids get reused)
         self._fns: dict[int, tuple] = {}      # kind index -> compiled callables

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model_executor.static_step import Bucket, BucketSpec, draft_block_tokens
-from deepinfer.neuron_ops.regions import COMPILE_SCOPES, kind_key, regions_of_step
+from deepinfer.neuron_ops.regions import checked_scope, kind_key, regions_of_step
 
 TOP_KIND = -1   # PlannedGraph.kind of the top-level regions (regions.TOP_REGIONS)
 
@@ -122,8 +122,7 @@ def compile_plan(spec: BucketSpec, layer_kinds: list[tuple], split: str, drafts:
     (regions.COMPILE_SCOPES: "step" compiles each bucket as one "step" graph, layers unrolled). Graphs
     are unique per (region, kind, tokens, context): two buckets of one shape share their graphs, as
     Dynamo shares them."""
-    if scope not in COMPILE_SCOPES:
-        raise ValueError(f"compile scope: expected one of {'|'.join(COMPILE_SCOPES)}, got {scope!r}")
+    checked_scope(scope)
     kinds: list[tuple] = []
     for key in layer_kinds:
         if key not in kinds:
