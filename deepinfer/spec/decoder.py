@@ -91,15 +91,19 @@ class SpecDecoder:
         bmax = max(len(scheduled[i].draft_token_ids) for i, _ in spec)
         vocab = logits.shape[1]
         seqs = [scheduled[i].seq for i, _ in spec]
-        target = torch.empty(len(spec), bmax + 1, vocab, dtype=logits.dtype, device=logits.device)
+        target = _target_view(logits, spec, [len(scheduled[i].draft_token_ids) for i, _ in spec], bmax)
+        copy_rows = target is None
+        if copy_rows:
+            target = torch.empty(len(spec), bmax + 1, vocab, dtype=logits.dtype, device=logits.device)
         drafts = torch.full((len(spec), bmax), -1, dtype=torch.long)
         q = None
         bans, outs, masks = [], [], []
         for r, (i, first) in enumerate(spec):
             s = scheduled[i]
             n = len(s.draft_token_ids)
-            target[r, :n + 1] = logits[first:first + n + 1]
-            target[r, n + 1:] = logits[first + n]  # unused depths (no draft there)
+            if copy_rows:
+                target[r, :n + 1] = logits[first:first + n + 1]
+                target[r, n + 1:] = logits[first + n]  # unused depths (no draft there)
             drafts[r, :n] = torch.tensor(s.draft_token_ids, dtype=torch.long)
             lp = s.seq.draft_logprobs
             if lp is not None:
@@ -136,3 +140,16 @@ def _verified_token(res, r: int, j: int) -> tuple:
         top = list(zip(res.top_ids[r, j].tolist(), res.top_logprobs[r, j].tolist()))
     rank = None if res.token_ranks is None else int(res.token_ranks[r, j])
     return int(res.token_ids[r, j]), float(res.logprobs[r, j]), rank, top
+
+
+def _target_view(logits: torch.Tensor, spec, num_drafts: list[int], bmax: int) -> torch.Tensor | None:
+    """The [R, bmax + 1, V] verification logits as a view of `logits` when every request has bmax
+    drafts and their rows follow one another (the usual verification step), else None (the caller
+    gathers them). verify() only reads its target, so the view is safe; copying the rows cost 0.2-0.4
+    ms of a ~13 ms batch-1 verification step of the tiny V4.1 (4 x 129,280 fp32, torch.profiler)."""
+    first = spec[0][1]
+    depth = bmax + 1
+    if any(n != bmax for n in num_drafts) or [f for _, f in spec] != list(range(first, first + len(spec) * depth, depth)):
+        return None
+    rows = logits[first:first + len(spec) * depth]
+    return rows.view(len(spec), depth, logits.shape[1]) if rows.is_contiguous() else None

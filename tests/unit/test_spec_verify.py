@@ -356,3 +356,16 @@ def test_rejection_with_an_empty_residual_falls_back_to_p():
     rejected = out.num_accepted == 0
     assert 100 < int(rejected.sum()) < 300
     assert (out.token_ids[rejected, 0] != 0).all()
+
+
+def test_verification_logits_are_a_view_only_when_the_rows_follow_one_another():
+    """spec/decoder._target_view: the [R, B + 1, V] target is a view of the step's logits when every
+    request has B drafts and their rows are consecutive (no copy), else None (the rows are gathered)."""
+    from deepinfer.spec.decoder import _target_view
+    logits = torch.randn(9, 11)
+    view = _target_view(logits, [(0, 1), (1, 5)], [3, 3], 3)   # rows 1-4 and 5-8
+    assert view is not None and view.data_ptr() == logits[1].data_ptr()
+    assert torch.equal(view, logits[1:9].reshape(2, 4, 11))
+    assert _target_view(logits, [(0, 1), (1, 5)], [3, 2], 3) is None   # a request with fewer drafts
+    assert _target_view(logits, [(0, 0), (2, 5)], [3, 3], 3) is None   # a plain row between them
+    assert _target_view(logits.t().contiguous().t(), [(0, 1)], [3], 3) is None   # not row-contiguous
