@@ -19,6 +19,7 @@ Rows that belong to the current step's new tokens are addressed past the end of 
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from deepinfer.model_executor.prefix_state import PrefixStateIO, build_prefix_io
@@ -106,13 +107,13 @@ class CacheLayout:
         return ring + self.extra_ring_rows
 
 
-def _pool_rows(tables: torch.Tensor, seq_of: torch.Tensor, w: torch.Tensor, epb: int) -> torch.Tensor:
-    blk_col = torch.clamp(w // epb, max=tables.shape[1] - 1)
-    blk = tables[seq_of, blk_col] if tables.numel() else torch.zeros_like(w)
+def _pool_rows(tables: np.ndarray, seq_of: np.ndarray, w: np.ndarray, epb: int) -> np.ndarray:
+    blk_col = np.minimum(w // epb, tables.shape[1] - 1)
+    blk = tables[seq_of, blk_col] if tables.size else np.zeros_like(w)
     return blk * epb + w % epb
 
 
-def _scope_rows(chunks: list[SeqChunk], start: torch.Tensor, token_seq: torch.Tensor):
+def _scope_rows(chunks: list[SeqChunk], start: np.ndarray, token_seq: np.ndarray):
     """(flat index of the scope sequence's last row, [T] rows of that sequence), or (None, None) when
     every chunk feeds one token. The scope sequence is the real chunk (slot != 0) feeding the most
     tokens, the first of equals; a step of placeholders only (warm-up) takes its first longest chunk.
@@ -130,7 +131,7 @@ def _scope_rows(chunks: list[SeqChunk], start: torch.Tensor, token_seq: torch.Te
 SEQ_SCOPE_MIN_ROWS = 64
 
 
-def _seq_scopes(chunks: list[SeqChunk], start: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
+def _seq_scopes(chunks: list[SeqChunk], start: np.ndarray) -> tuple[tuple[int, int], ...] | None:
     """[start, end) rows of every real chunk feeding at least SEQ_SCOPE_MIN_ROWS tokens, in row
     order; None when there is none (the step then reads CompressMeta's one scope)."""
     out = tuple((int(start[b]), int(start[b]) + c.num_new) for b, c in enumerate(chunks)
@@ -144,50 +145,55 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout, shared_scope:
     then reads its own gathers, the same values): static_step.BucketSpec.static_step does so for a
     bucket of a decode bucket's token count, whose graphs have no scope. `seq_scopes=False` leaves
     out the per-sequence scopes an eager step reads (a graph's inputs must not vary with its rows'
-    sequences: static_step leaves them out)."""
+    sequences: static_step leaves them out).
+
+    The index arithmetic runs in NumPy and the results become tensors without a copy
+    (torch.from_numpy): it is ~100 operations on arrays of a few to a few thousand integers, where a
+    torch call's dispatch cost dominates (0.62 ms of a ~7 ms compiled batch-1 decode step of the
+    trained tiny V4.1 in torch; numbers in README "Where a compiled step's time goes"). Integer
+    semantics are the same in both: floor division, floor modulo (`%` on non-negative divisors),
+    int64 throughout."""
     nb = len(chunks)
-    ctx = torch.tensor([c.ctx_len for c in chunks], dtype=torch.long)
-    new = torch.tensor([c.num_new for c in chunks], dtype=torch.long)
-    slot = torch.tensor([c.slot for c in chunks], dtype=torch.long)
-    start = torch.cumsum(new, 0) - new
+    ctx = np.fromiter((c.ctx_len for c in chunks), dtype=np.int64, count=nb)
+    new = np.fromiter((c.num_new for c in chunks), dtype=np.int64, count=nb)
+    slot = np.fromiter((c.slot for c in chunks), dtype=np.int64, count=nb)
+    start = np.cumsum(new) - new
     t = int(new.sum())
-    token_seq = torch.repeat_interleave(torch.arange(nb), new)
-    positions = ctx[token_seq] + (torch.arange(t) - start[token_seq])
+    token_seq = np.repeat(np.arange(nb, dtype=np.int64), new)
+    positions = ctx[token_seq] + (np.arange(t, dtype=np.int64) - start[token_seq])
     ids = []
     for c in chunks:
         ids.extend(c.token_ids[c.ctx_len:c.ctx_len + c.num_new])
-    input_ids = torch.tensor(ids, dtype=torch.long)
     logits = []
     for b, c in enumerate(chunks):
         k = min(c.num_logits, c.num_new)
         end = int(start[b]) + c.num_new
         logits.extend(range(end - k, end))
-    logits_indices = torch.tensor(logits, dtype=torch.long)
     max_blocks = max([len(c.block_table) for c in chunks] + [1])
-    # one tensor call for the whole padded table (per-row tensor() calls dominate at batch 32)
-    tables = torch.tensor([list(c.block_table) + [0] * (max_blocks - len(c.block_table)) for c in chunks],
-                          dtype=torch.long).reshape(nb, max_blocks)
+    tables = np.zeros((nb, max_blocks), dtype=np.int64)
+    for b, c in enumerate(chunks):
+        tables[b, :len(c.block_table)] = c.block_table
 
     tok_slot = slot[token_seq]
     token_valid = tok_slot != 0   # slot 0 is scratch: only placeholder chunks (static_step.pad_chunks) use it
     end_pos = (ctx + new)[token_seq]
 
-    def addr(p: torch.Tensor, ring: int, ring_rows: int, seq_of=None) -> torch.Tensor:
+    def addr(p: np.ndarray, ring: int, ring_rows: int, seq_of=None) -> np.ndarray:
         """Row of position p: past tokens in the ring, this step's tokens after the ring."""
         s = token_seq if seq_of is None else seq_of
         in_step = p >= ctx[s]
-        ring_row = slot[s] * ring + torch.remainder(p, ring)
+        ring_row = slot[s] * ring + p % ring
         new_row = ring_rows + start[s] + (p - ctx[s])
-        return torch.where(in_step, new_row, ring_row)
+        return np.where(in_step, new_row, ring_row)
 
     w, swa_ring = layout.window, layout.swa_ring
     ring_rows = layout.num_slots * swa_ring
-    kp = positions[:, None] - (w - 1) + torch.arange(w)[None, :]
+    kp = positions[:, None] - (w - 1) + np.arange(w, dtype=np.int64)[None, :]
     swa_valid = kp >= 0
-    kpc = kp.clamp(min=0)
-    swa_idx = addr(kpc, swa_ring, ring_rows, token_seq[:, None].expand_as(kpc))
+    kpc = np.maximum(kp, 0)
+    swa_idx = addr(kpc, swa_ring, ring_rows, token_seq[:, None])
     keep = positions >= end_pos - w
-    swa_write_src = torch.nonzero(keep).flatten()
+    swa_write_src = np.flatnonzero(keep)
     swa_write_dst = tok_slot[keep] * swa_ring + positions[keep] % swa_ring
 
     scope_last, in_scope = _scope_rows(chunks, start, token_seq) if shared_scope else (None, None)
@@ -198,45 +204,50 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout, shared_scope:
         assert epb * m == layout.block_size, "block_size must be a multiple of every compress ratio"
         w0 = ctx // m
         w1 = (ctx + new) // m
-        ne = (w1 - w0).clamp(min=0)
-        e_seq = torch.repeat_interleave(torch.arange(nb), ne)
-        e_w = w0[e_seq] + (torch.arange(int(ne.sum())) - (torch.cumsum(ne, 0) - ne)[e_seq])
-        offs = torch.arange(m)
+        ne = np.maximum(w1 - w0, 0)
+        e_seq = np.repeat(np.arange(nb, dtype=np.int64), ne)
+        e_w = w0[e_seq] + (np.arange(int(ne.sum()), dtype=np.int64) - (np.cumsum(ne) - ne)[e_seq])
+        offs = np.arange(m, dtype=np.int64)
         src_pos = e_w[:, None] * m + offs[None, :]
-        valid = torch.ones_like(src_pos, dtype=torch.bool)
+        valid = np.ones(src_pos.shape, dtype=bool)
         if overlap:
             a_pos = (e_w[:, None] - 1) * m + offs[None, :]
-            valid = torch.cat([a_pos >= 0, valid], dim=1)
-            src_pos = torch.cat([a_pos.clamp(min=0), src_pos], dim=1)
+            valid = np.concatenate([a_pos >= 0, valid], axis=1)
+            src_pos = np.concatenate([np.maximum(a_pos, 0), src_pos], axis=1)
         state_rows = layout.num_slots * ring
-        src_idx = addr(src_pos, ring, state_rows, e_seq[:, None].expand_as(src_pos))
-        src_idx = torch.where(valid, src_idx, torch.zeros_like(src_idx))
+        src_idx = np.where(valid, addr(src_pos, ring, state_rows, e_seq[:, None]), 0)
         entry_dst = _pool_rows(tables, e_seq, e_w, epb)
         skeep = positions >= end_pos - ring
         n_vis = (positions + 1) // m
         max_e = int(n_vis.max()) if t else 0
-        wcol = torch.arange(max_e)[None, :].expand(t, max_e)
+        wcol = np.broadcast_to(np.arange(max_e, dtype=np.int64)[None, :], (t, max_e))
         vis_valid = wcol < n_vis[:, None]
-        vis_idx = _pool_rows(tables, token_seq[:, None].expand_as(wcol), wcol, epb)
-        vis_idx = torch.where(vis_valid, vis_idx, torch.zeros_like(vis_idx))
-        scope_idx = vis_idx[scope_last] if scope_last is not None else None
+        vis_idx = np.where(vis_valid, _pool_rows(tables, token_seq[:, None], wcol, epb), 0)
         comp[(m, spec_ring, overlap)] = CompressMeta(
-            ratio=m, overlap=overlap, src_idx=src_idx, src_valid=valid,
-            entry_pos=e_w * m, entry_dst=entry_dst,
-            state_src=torch.nonzero(skeep).flatten(),
-            state_dst=tok_slot[skeep] * ring + positions[skeep] % ring,
-            vis_idx=vis_idx, vis_valid=vis_valid, n_vis=n_vis, scope_idx=scope_idx, in_scope=in_scope)
+            ratio=m, overlap=overlap, src_idx=_tensor(src_idx), src_valid=_tensor(valid),
+            entry_pos=_tensor(e_w * m), entry_dst=_tensor(entry_dst),
+            state_src=_tensor(np.flatnonzero(skeep)),
+            state_dst=_tensor(tok_slot[skeep] * ring + positions[skeep] % ring),
+            vis_idx=_tensor(vis_idx), vis_valid=_tensor(vis_valid), n_vis=_tensor(n_vis),
+            scope_idx=_tensor(vis_idx[scope_last]) if scope_last is not None else None,
+            in_scope=_tensor(in_scope) if in_scope is not None else None)
 
     ngram_ids = None
     if layout.engram is not None:
         ngram_ids = layout.engram.batch_ngram_ids([(c.token_ids, c.ctx_len, c.num_new) for c in chunks])
 
-    return StepInputs(input_ids=input_ids, positions=positions,
-                      logits_indices=logits_indices, swa_idx=swa_idx, swa_valid=swa_valid,
-                      swa_write_src=swa_write_src, swa_write_dst=swa_write_dst,
-                      comp=comp, ngram_ids=ngram_ids, token_valid=token_valid,
-                      prefix=build_prefix_io(chunks, layout, ctx, start),
+    return StepInputs(input_ids=torch.tensor(ids, dtype=torch.long), positions=_tensor(positions),
+                      logits_indices=torch.tensor(logits, dtype=torch.long), swa_idx=_tensor(swa_idx),
+                      swa_valid=_tensor(swa_valid), swa_write_src=_tensor(swa_write_src),
+                      swa_write_dst=_tensor(swa_write_dst),
+                      comp=comp, ngram_ids=ngram_ids, token_valid=_tensor(token_valid),
+                      prefix=build_prefix_io(chunks, layout, _tensor(ctx), _tensor(start)),
                       seq_scopes=_seq_scopes(chunks, start) if seq_scopes and scope_last is not None else None)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A contiguous int64 / bool tensor sharing `a`'s memory (a fresh array: nothing else holds it)."""
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def step_to(step: StepInputs, device) -> StepInputs:
