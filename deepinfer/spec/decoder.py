@@ -66,7 +66,9 @@ class SpecDecoder:
         results: dict[int, RowResult] = {}
         if plain:
             idx = torch.tensor([r for _, r in plain], dtype=torch.long, device=logits.device)
-            sampled = self.runner.sample(logits.index_select(0, idx), plain_samples)
+            ids = getattr(self.runner, "row_argmax", None)
+            ids = ids.index_select(0, idx) if ids is not None and ids.shape[0] == logits.shape[0] else None
+            sampled = self.runner.sample(logits.index_select(0, idx), plain_samples, ids)
             results.update(zip((i for i, _ in plain), sampled_rows(sampled)))
         if spec:
             results.update(self._verify(scheduled, spec, logits))
@@ -121,7 +123,14 @@ class SpecDecoder:
                                   output_ids_per_row=outs,
                                   prompt_ids_per_row=[x.prompt_token_ids for x in seqs],
                                   bitmask_per_row=masks, device=logits.device)
-        res = verify(target, drafts.to(logits.device), q, batch, self.runner.sampler)
+        # the head's argmax of the rows (ModelRunner.row_argmax) stands for verify's scan when the target
+        # is those very rows, in order
+        ids = getattr(self.runner, "row_argmax", None)
+        row_argmax = None
+        if not copy_rows and ids is not None and ids.shape[0] == logits.shape[0]:
+            first = spec[0][1]
+            row_argmax = ids[first:first + target.shape[0] * target.shape[1]]
+        res = verify(target, drafts.to(logits.device), q, batch, self.runner.sampler, row_argmax=row_argmax)
         acc, tokens = res.num_accepted.tolist(), res.token_ids.tolist()
         found = {}
         for r, (i, _) in enumerate(spec):

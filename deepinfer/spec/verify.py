@@ -200,13 +200,15 @@ def verify(
     batch: VerifyBatch,
     sampler: Sampler | None = None,
     draft_prob_penalty: float = DRAFT_PROB_PENALTY,
+    row_argmax: torch.Tensor | None = None,
 ) -> VerifyOutput:
     """Judge each request's drafts (module docstring); all requests at once.
 
     target_logits [R, B+1, V]: the main model's logits at the verify rows (raw; the sampler's
     transforms are applied here). draft_tokens [R, B] int64 (< 0: no draft). draft_logprobs
     [R, B, V]: the draft's processed log-distribution each d_j was drawn from, or None (one-hot q).
-    Greedy requests read neither draft_logprobs nor any draw.
+    Greedy requests read neither draft_logprobs nor any draw. row_argmax [R * (B+1)]: each target row's
+    argmax when the LM head computed it (Sampler.greedy_tokens), else None.
     """
     _check_shapes(target_logits, draft_tokens, draft_logprobs, batch)
     sampler = sampler or Sampler()
@@ -217,6 +219,8 @@ def verify(
     drafts = draft_tokens.to(device=dev, dtype=torch.int64)
     flat = target_logits.reshape(r * depth, vocab)
     adjusted = Sampler.adjusted_logits(flat, sb)
+    if adjusted is not flat:   # penalties, biases or a grammar changed the rows
+        row_argmax = None
     num_accepted = torch.zeros(r, dtype=torch.int64, device=dev)
     token_ids = torch.full((r, depth), NO_TOKEN, dtype=torch.int64, device=dev)
     logprobs_all = sampler.adjusted_logprobs(adjusted, sb) if sb.need_logprobs else None
@@ -224,7 +228,7 @@ def verify(
     greedy_req = batch.greedy.nonzero().squeeze(1)
     if greedy_req.numel():
         # sb.greedy_rows are exactly these requests' verify rows, in the same order.
-        top = sampler.greedy_tokens(adjusted, sb).reshape(-1, depth)
+        top = sampler.greedy_tokens(adjusted, sb, row_argmax).reshape(-1, depth)
         acc = accepted_prefix(top[:, :b] == drafts.index_select(0, greedy_req))
         keep = torch.arange(depth, device=dev).unsqueeze(0) <= acc.unsqueeze(1)
         num_accepted.index_copy_(0, greedy_req, acc)

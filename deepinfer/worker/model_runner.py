@@ -96,6 +96,7 @@ class ModelRunner:
         self.sampler = sampler or Sampler()
         self.transport = transport if transport is not None else SingleRankTransport()
         self.last_timing = RunnerTiming()
+        self.row_argmax = None   # the latest `execute`'s rows' argmax, where the head computed it
 
     def prepare(self, chunks: list[SeqChunk]) -> PreparedStep:
         return self.transport.prepare(self.strategy, chunks)
@@ -106,6 +107,9 @@ class ModelRunner:
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
         logits = self.strategy.forward(prepared.step, self.cache, prepared.bucket)[: prepared.num_logits]
+        # the head's argmax holds for these rows only when they are this rank's own, in order
+        ids = self.strategy.row_argmax
+        self.row_argmax = ids[: prepared.num_logits] if ids is not None and self.local_rows else None
         shard = self.vocab_shard
         if shard is None:
             return self.transport.gather(prepared, logits)
@@ -114,11 +118,18 @@ class ModelRunner:
         return shard.candidate_logits(rows, prepared.head)
 
     @property
+    def local_rows(self) -> bool:
+        """Whether `execute`'s logits are this rank's forward's rows (one rank: no gather, no split head)."""
+        return isinstance(self.transport, SingleRankTransport) and self.vocab_shard is None
+
+    @property
     def vocab_shard(self):
         """layers/vocab_parallel.VocabShard of a model whose LM head is split over the CP group."""
         return getattr(self.model, "vocab_shard", None)
 
-    def sample(self, logits: torch.Tensor, samples: list[SampleRequest]) -> SamplerOutput:
+    def sample(self, logits: torch.Tensor, samples: list[SampleRequest],
+               row_argmax: torch.Tensor | None = None) -> SamplerOutput:
+        """row_argmax: each logits row's argmax when known (the head's, `execute`), else None."""
         if len(samples) != logits.shape[0]:
             raise ValueError(f"{logits.shape[0]} logits rows but {len(samples)} sample requests")
         batch = SamplingBatch.build([s.params for s in samples], [s.position for s in samples],
@@ -127,7 +138,7 @@ class ModelRunner:
                                     output_ids_per_row=[s.output_token_ids for s in samples],
                                     prompt_ids_per_row=[s.prompt_token_ids for s in samples],
                                     bitmask_per_row=[s.bitmask for s in samples])
-        return self.sampler.forward(logits, batch)
+        return self.sampler.forward(logits, batch, row_argmax=row_argmax)
 
     def score(self, logits: torch.Tensor, chunks: list[SeqChunk],
               scores: list[ScoreRequest]) -> tuple[list[TokenScores], torch.Tensor]:
@@ -162,7 +173,8 @@ class ModelRunner:
         logits = self.execute(prepared)
         t2 = time.perf_counter()
         scored, sample_logits = (None, logits) if not scores else self.score(logits, chunks, scores)
-        sampled = None if samples is None else self.sample(sample_logits, samples)
+        row_argmax = None if scores else self.row_argmax   # scoring takes rows out
+        sampled = None if samples is None else self.sample(sample_logits, samples, row_argmax)
         t3 = time.perf_counter()
         self.last_timing = RunnerTiming(t1 - t0, t2 - t1, t3 - t2)
         return StepOutput(logits, sampled, scored)

@@ -51,6 +51,11 @@ def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monke
     strategy = llm.llm_engine.worker.runner.strategy
     assert strategy.name == "cpu_compiled" and strategy.regions.scope == scope
     assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
+    # the last decode step's greedy rows took the head's argmax where the tiles kernel holds the head
+    # (layers/head_gemm.py head_logits_argmax), and scanned the logits elsewhere
+    head_copy = getattr(llm.llm_engine.worker.model.head, "weight_bf16", None)
+    tiles_head = head_copy is not None and head_copy.dim() == 5
+    assert (llm.llm_engine.worker.runner.row_argmax is not None) == tiles_head
     # step scope: one graph a bucket, no layer region compiled; layer scope: the entry, layers, exit
     regions = set(strategy.regions.stats.regions)
     assert regions == ({"step"} if scope == "step" else {"entry", "layer", "exit"}), regions

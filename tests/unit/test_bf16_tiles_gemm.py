@@ -101,3 +101,36 @@ def test_the_platform_packs_a_bf16_valued_head_for_the_tiles_kernel(monkeypatch,
     assert CpuPlatform().signature()["bf16_head_kernel"] == "rows"
     # tiles only: a head it cannot take gets no copy
     assert not keep_bf16_head(model_with_head(w2.float()), "tiles")
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 40])
+@pytest.mark.parametrize("v", [48, 1008, 16400])
+def test_the_argmax_found_while_storing_is_torch_argmax(m, v):
+    """bf16_tiles_gemm_argmax: the same logits, and each row's first maximal index: ties at the row's
+    maximum (in one of the kernel's 16 lanes and across lanes), +inf / -inf / NaN columns (inf
+    weights) and all-NaN rows; 16400 columns at 40 rows run in several spans (past 16 rows)."""
+    def check(h, w):
+        wt = T.pack_tiles(w)
+        out, ids = torch.ops.deepinfer.bf16_tiles_gemm_argmax(h, wt)
+        assert torch.allclose(out, T.bf16_tiles_gemm(h, wt), rtol=0, atol=0, equal_nan=True)   # bit for bit
+        assert ids.dtype == torch.int64 and torch.equal(ids, out.argmax(dim=-1))
+    h, w = operands(m, v, 64, seed=m + v)
+    check(h, w)
+    # the maximum of every row at three ids: v // 3 and v // 3 + 16 share a lane, v - 1 another
+    ties = h.abs() + 0.1
+    w[v // 3] = w[v // 3 + 16] = w[v - 1] = 1.0
+    check(ties, w)
+    w[5] = float("inf")                           # +inf, -inf or NaN by the signs of h's row
+    h[0] = float("nan")                           # a row of NaN logits: index 0, as torch.argmax
+    check(h, w)
+
+
+def test_head_logits_argmax_comes_from_the_tiles_kernel_only():
+    from deepinfer.model_executor.layers.head_gemm import head_logits_argmax
+    h, w = operands(5, 320, 64, seed=2)
+    wt, w32 = T.pack_tiles(w), w.float()
+    compiled = torch.compile(head_logits_argmax, backend="inductor", dynamic=False, fullgraph=True)
+    logits, ids = compiled(h, w32, wt)
+    assert torch.equal(logits, T.bf16_tiles_gemm(h, wt)) and torch.equal(ids, logits.argmax(-1))
+    logits, ids = head_logits_argmax(h, w32)      # no packed copy: the GEMM, and no argmax
+    assert ids is None and torch.equal(logits, h @ w32.t())

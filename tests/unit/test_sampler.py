@@ -304,3 +304,31 @@ def test_build_validates_lengths():
         SamplingBatch.build([SamplingParams()], [0], seeds=[1, 2])
     with pytest.raises(ValueError, match=r"logits must be \[1, V\]"):
         Sampler()(torch.zeros(2, 10), SamplingBatch.build([SamplingParams()], [0]))
+
+
+def test_greedy_rows_take_the_heads_argmax_unless_the_logits_were_changed():
+    """Sampler.forward(row_argmax=...): the LM head's argmax (layers/head_gemm.py head_logits_argmax)
+    stands for the greedy rows' scan of the same logits; a ban, a penalty or a bias changes the rows,
+    so the sampler scans them again. The ids given here differ from the logits' argmax on purpose, to
+    see which one was used."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 50, generator=g)
+    scan = logits.argmax(-1)
+    given = (scan + 1) % 50
+    greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=4)
+    sampler = Sampler()
+
+    def run(params, **kw):
+        batch = SamplingBatch.build(params, [0] * len(params), seeds=[0] * len(params), **kw)
+        return sampler.forward(logits, batch, row_argmax=given).token_ids
+
+    assert torch.equal(run([greedy] * 3), given)
+    mixed = run([greedy, sampled, greedy])
+    assert mixed[0] == given[0] and mixed[2] == given[2]
+    banned = run([greedy] * 3, banned_ids_per_row=[[], [int(given[1])], []])
+    assert torch.equal(banned, scan)   # a ban in the batch: its greedy rows are scanned
+    penalised = run([SamplingParams(temperature=0.0, repetition_penalty=1.5)] * 3,
+                    prompt_ids_per_row=[[1], [2], [3]])
+    assert not torch.equal(penalised, given)   # adjusted logits: every row scanned
+    with pytest.raises(ValueError, match="row_argmax"):
+        sampler.greedy_tokens(logits, SamplingBatch.build([greedy] * 3, [0] * 3, seeds=[0] * 3), given[:2])

@@ -48,6 +48,7 @@ _SOURCE = r"""
 #include <immintrin.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+#include <stdint.h>
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -93,11 +94,44 @@ static void split3(const float *h, uint16_t *hi, uint16_t *mid, uint16_t *lo, in
     }
 }
 
+/* The argmax of a row, kept while its logits are stored (no second read of the [M, V] output):
+   16 lanes, lane j sees the vocabulary ids 16 * vb + j in ascending order and keeps its first
+   maximum (strictly greater replaces), a NaN counting as the largest value as torch.argmax counts
+   it; a lane's first value is always taken. finish_max then picks the lowest id among the lanes
+   holding the row's maximum: the first maximal index of the row, torch.argmax's answer. */
+static inline void track_max(float *best, int32_t *best_id, __m512 s, int64_t vb) {
+    __m512 b = _mm512_loadu_ps(best);
+    __mmask16 take = _mm512_cmp_ps_mask(s, b, _CMP_GT_OQ)
+        | (_mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q) & (__mmask16)~_mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q));
+    if (vb == 0) take = 0xFFFF;
+    if (!take) return;
+    __m512i ids = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(vb * 16)),
+                                   _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    _mm512_storeu_ps(best, _mm512_mask_mov_ps(b, take, s));
+    _mm512_storeu_si512(best_id, _mm512_mask_mov_epi32(_mm512_loadu_si512(best_id), take, ids));
+}
+
+static int64_t finish_max(const float *best, const int32_t *best_id) {
+    int any_nan = 0;
+    float m = best[0];
+    for (int j = 0; j < 16; j++) {
+        if (best[j] != best[j]) any_nan = 1;
+        else if (best[j] > m || m != m) m = best[j];
+    }
+    int64_t id = INT64_MAX;
+    for (int j = 0; j < 16; j++) {
+        int hit = any_nan ? best[j] != best[j] : best[j] == m;
+        if (hit && best_id[j] < id) id = best_id[j];
+    }
+    return id;
+}
+
 /* rows (<= 16) h rows from m0 against every weight tile. Tiles: 0 the weight tile, 1 an h part,
    2 the hi accumulator, 3 the mid + lo accumulator (the unit waits to reuse a tile: more rows per
    sweep was slower, module docstring) */
 static void sweep(const uint16_t *hi, const uint16_t *mid, const uint16_t *lo, const uint16_t *wt,
-                  float *out, int64_t m0, int rows, int64_t V, int64_t D, int64_t vb0, int64_t vb1) {
+                  float *out, int64_t m0, int rows, int64_t V, int64_t D, int64_t vb0, int64_t vb1,
+                  float *best, int32_t *best_id) {
     tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -130,18 +164,29 @@ static void sweep(const uint16_t *hi, const uint16_t *mid, const uint16_t *lo, c
         for (int i = 0; i < rows; i++) {
             __m512 s = _mm512_add_ps(_mm512_loadu_ps(acc_hi + i * 16), _mm512_loadu_ps(acc_rest + i * 16));
             _mm512_storeu_ps(out + (m0 + i) * V + vb * 16, s);
+            if (best) track_max(best + (m0 + i) * 16, best_id + (m0 + i) * 16, s, vb);
         }
     }
     _tile_release();
 }
 
-/* h [M, D] fp32 row-major; wt the packed weight [V/16, D/32, 16, 16, 2] bf16; out [M, V] fp32.
-   V a multiple of 16, D of 32. One thread. Returns 0, 1 for bad arguments, 2 when out of memory. */
-int bf16_tiles_gemm(const float *h, const uint16_t *wt, float *out, int64_t M, int64_t V, int64_t D) {
+/* h [M, D] fp32 row-major; wt the packed weight [V/16, D/32, 16, 16, 2] bf16; out [M, V] fp32;
+   ids [M] int64, or NULL: each out row's argmax (track_max). V a multiple of 16, D of 32. One
+   thread. Returns 0, 1 for bad arguments, 2 when out of memory. */
+int bf16_tiles_gemm_ids(const float *h, const uint16_t *wt, float *out, int64_t *ids, int64_t M, int64_t V,
+                        int64_t D) {
     if (D % 32 != 0 || V % 16 != 0 || M < 0 || V < 0) return 1;
-    if (M == 0 || V == 0) return 0;
+    if (M == 0) return 0;
+    if (V == 0) return ids ? 1 : 0;   /* an empty row has no argmax */
     uint16_t *parts = malloc(sizeof(uint16_t) * 3 * M * D);
     if (!parts) return 2;
+    float *best = NULL;
+    int32_t *best_id = NULL;
+    if (ids) {
+        best = malloc(sizeof(float) * 16 * M);
+        best_id = malloc(sizeof(int32_t) * 16 * M);
+        if (!best || !best_id) { free(parts); free(best); free(best_id); return 2; }
+    }
     split3(h, parts, parts + M * D, parts + 2 * M * D, M * D);
     /* past 16 rows, every row tile reads a span of the weight while it sits in L2 */
     int64_t span = SPAN_BYTES / (D * 32) > 0 ? SPAN_BYTES / (D * 32) : 1;
@@ -149,10 +194,19 @@ int bf16_tiles_gemm(const float *h, const uint16_t *wt, float *out, int64_t M, i
     for (int64_t vb = 0; vb < V / 16; vb += span) {
         int64_t vb1 = vb + span < V / 16 ? vb + span : V / 16;
         for (int64_t m = 0; m < M; m += 16)
-            sweep(parts, parts + M * D, parts + 2 * M * D, wt, out, m, M - m < 16 ? (int)(M - m) : 16, V, D, vb, vb1);
+            sweep(parts, parts + M * D, parts + 2 * M * D, wt, out, m, M - m < 16 ? (int)(M - m) : 16, V, D, vb, vb1,
+                  best, best_id);
     }
+    if (ids)
+        for (int64_t m = 0; m < M; m++) ids[m] = finish_max(best + m * 16, best_id + m * 16);
     free(parts);
+    free(best);
+    free(best_id);
     return 0;
+}
+
+int bf16_tiles_gemm(const float *h, const uint16_t *wt, float *out, int64_t M, int64_t V, int64_t D) {
+    return bf16_tiles_gemm_ids(h, wt, out, NULL, M, V, D);
 }
 """
 
@@ -187,6 +241,8 @@ def available() -> bool:
             if lib is None:
                 return False
             lib.amx_permission.restype = ctypes.c_int
+            lib.bf16_tiles_gemm_ids.restype = ctypes.c_int
+            lib.bf16_tiles_gemm_ids.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
             if lib.amx_permission() != 0:
                 logger.warning("bf16 tiles GEMM: the kernel refused this process the AMX tile state")
                 return False
@@ -219,27 +275,51 @@ def unpack_tiles(wt: torch.Tensor) -> torch.Tensor:
     return wt.permute(0, 3, 1, 2, 4).reshape(vb * ROWS, c * COLS)
 
 
-def _run(h: torch.Tensor, wt: torch.Tensor, v: int) -> torch.Tensor:
+def _run(h: torch.Tensor, wt: torch.Tensor, v: int, with_ids: bool = False):
+    """out [M, v] fp32, and with_ids its rows' argmax [M] int64 (the first maximal index: track_max)."""
     out = torch.empty(h.shape[0], v, dtype=torch.float32)
-    rc = _lib.bf16_tiles_gemm(h.data_ptr(), wt.data_ptr(), out.data_ptr(), h.shape[0], v, h.shape[1])
+    ids = torch.empty(h.shape[0], dtype=torch.int64) if with_ids else None
+    rc = _lib.bf16_tiles_gemm_ids(h.data_ptr(), wt.data_ptr(), out.data_ptr(), ids.data_ptr() if with_ids else None,
+                                  h.shape[0], v, h.shape[1])
     if rc:
         raise RuntimeError(f"bf16_tiles_gemm: the kernel refused its arguments (code {rc})")
-    return out
+    return (out, ids) if with_ids else out
+
+
+def _checked(h: torch.Tensor, wt: torch.Tensor, op: str) -> None:
+    if h.dtype != torch.float32 or wt.dtype != torch.bfloat16 or h.device.type != "cpu" or wt.device.type != "cpu":
+        raise ValueError(f"{op}: expected fp32 rows and a bf16 weight on the CPU, got "
+                         f"{h.dtype} on {h.device} and {wt.dtype} on {wt.device}")
+    if (h.dim() != 2 or wt.dim() != 5 or tuple(wt.shape[2:]) != (COLS // 2, ROWS, 2)
+            or h.shape[1] != wt.shape[1] * COLS):
+        raise ValueError(f"{op}: expected h [M, D] and a packed weight [V/16, D/32, 16, 16, 2], "
+                         f"got {tuple(h.shape)} and {tuple(wt.shape)}")
+    if not (_lib or available()):   # loaded already: no lock on the per-step path
+        raise RuntimeError(f"{op}: the kernel is not usable here (see the log)")
 
 
 @torch.library.custom_op("deepinfer::bf16_tiles_gemm", mutates_args=())
 def bf16_tiles_gemm(h: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     """h fp32 [M, D] x wt (pack_tiles of a bf16 [V, D]) -> fp32 [M, V] (module docstring)."""
-    if h.dtype != torch.float32 or wt.dtype != torch.bfloat16 or h.device.type != "cpu" or wt.device.type != "cpu":
-        raise ValueError(f"bf16_tiles_gemm: expected fp32 rows and a bf16 weight on the CPU, got "
-                         f"{h.dtype} on {h.device} and {wt.dtype} on {wt.device}")
-    if (h.dim() != 2 or wt.dim() != 5 or tuple(wt.shape[2:]) != (COLS // 2, ROWS, 2)
-            or h.shape[1] != wt.shape[1] * COLS):
-        raise ValueError(f"bf16_tiles_gemm: expected h [M, D] and a packed weight [V/16, D/32, 16, 16, 2], "
-                         f"got {tuple(h.shape)} and {tuple(wt.shape)}")
-    if not (_lib or available()):   # loaded already: no lock on the per-step path
-        raise RuntimeError("bf16_tiles_gemm: the kernel is not usable here (see the log)")
+    _checked(h, wt, "bf16_tiles_gemm")
     return _run(h.contiguous(), wt.contiguous(), wt.shape[0] * ROWS)
+
+
+@torch.library.custom_op("deepinfer::bf16_tiles_gemm_argmax", mutates_args=())
+def bf16_tiles_gemm_argmax(h: torch.Tensor, wt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16_tiles_gemm's logits [M, V] and each row's argmax [M] int64, found while the logits are
+    stored (the first maximal index, NaN as the largest: torch.argmax's answer). Why: at 32 rows a
+    greedy step's argmax re-read the 16.5 MB of logits after the head had written them, ~2 ms of a
+    ~23 ms compiled tiny-V4 step (README "Compiled CPU decode step")."""
+    _checked(h, wt, "bf16_tiles_gemm_argmax")
+    if wt.shape[0] == 0:
+        raise ValueError("bf16_tiles_gemm_argmax: an empty vocabulary has no argmax")
+    return _run(h.contiguous(), wt.contiguous(), wt.shape[0] * ROWS, with_ids=True)
+
+
+@bf16_tiles_gemm_argmax.register_fake
+def _(h, wt):
+    return h.new_empty(h.shape[0], wt.shape[0] * ROWS), h.new_empty(h.shape[0], dtype=torch.int64)
 
 
 @bf16_tiles_gemm.register_fake

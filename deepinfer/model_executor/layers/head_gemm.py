@@ -41,3 +41,16 @@ def head_logits(h: torch.Tensor, weight: torch.Tensor, bf16_weight: torch.Tensor
         if h.shape[0] <= BF16_KERNEL_MAX_ROWS:
             return torch.ops.deepinfer.bf16_rows_gemm(h, bf16_weight)
     return (h @ weight.t()).float()
+
+
+def head_logits_argmax(h: torch.Tensor, weight: torch.Tensor,
+                       bf16_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(head_logits(h, weight, bf16_weight), each row's argmax [T] int64 or None): the tiles kernel
+    finds the argmax while it stores the logits (layers/bf16_tiles_gemm.py), saving a greedy step
+    the second read of [T, V] logits; the other forms return None (the sampler then scans them)."""
+    training = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    if (bf16_weight is not None and bf16_weight.dim() == 5 and not training and h.dtype == torch.float32
+            and bf16_weight.shape[0] > 0):
+        return torch.ops.deepinfer.bf16_tiles_gemm_argmax(h, bf16_weight)
+    return head_logits(h, weight, bf16_weight), None
+

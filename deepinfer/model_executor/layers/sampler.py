@@ -311,9 +311,16 @@ class Sampler:
         ok = local >= 0
         x[local[ok], batch.banned_ids[ok]] = float("-inf")
 
-    def greedy_tokens(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """The argmax of each greedy row (batch.greedy_rows, in order) of adjusted logits, bans applied."""
+    def greedy_tokens(self, logits: torch.Tensor, batch: SamplingBatch,
+                      row_argmax: torch.Tensor | None = None) -> torch.Tensor:
+        """The argmax of each greedy row (batch.greedy_rows, in order) of adjusted logits, bans applied.
+        row_argmax: every row's argmax of these very logits when already known (the LM head's,
+        layers/head_gemm.py head_logits_argmax): used where no ban changes the rows."""
         rows = batch.greedy_rows
+        if row_argmax is not None and not batch.banned_ids.numel():
+            if row_argmax.shape != (logits.shape[0],):
+                raise ValueError(f"row_argmax must be [{logits.shape[0]}] (got {tuple(row_argmax.shape)})")
+            return row_argmax if rows.numel() == batch.num_rows else row_argmax.index_select(0, rows)
         if rows.numel() == batch.num_rows and not batch.banned_ids.numel():
             return first_argmax(logits)
         g = logits.index_select(0, rows).float()
@@ -323,16 +330,20 @@ class Sampler:
         return first_argmax(g)
 
     def forward(self, logits: torch.Tensor, batch: SamplingBatch,
-                keep_random_logprobs: bool = False) -> SamplerOutput:
-        """Sample one token per row of logits [N, V] (fp32, other dtypes are cast)."""
+                keep_random_logprobs: bool = False, row_argmax: torch.Tensor | None = None) -> SamplerOutput:
+        """Sample one token per row of logits [N, V] (fp32, other dtypes are cast). row_argmax: each
+        row's argmax of `logits` when the head computed it (greedy_tokens), else None."""
         if logits.dim() != 2 or logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits must be [{batch.num_rows}, V] (got {tuple(logits.shape)})")
         n = logits.shape[0]
+        raw = logits
         logits = self.adjusted_logits(logits, batch)
+        if logits is not raw:   # penalties, biases or a grammar changed the rows: the head's argmax is stale
+            row_argmax = None
         num_random = batch.random_rows.numel()
         token_ids = torch.empty(n, dtype=torch.int64, device=logits.device)
         if batch.greedy_rows.numel():
-            token_ids.index_copy_(0, batch.greedy_rows, self.greedy_tokens(logits, batch))
+            token_ids.index_copy_(0, batch.greedy_rows, self.greedy_tokens(logits, batch, row_argmax))
         if not batch.need_logprobs and num_random == 0:
             return SamplerOutput(token_ids=token_ids)
         # Process every row when logprobs are wanted (or all rows sample), else the random rows.

@@ -15,7 +15,7 @@ from deepinfer.distributed.groups import ParallelGroups
 from deepinfer.model_executor.checkpoint_formats import FP8, stored_as
 from deepinfer.model_executor.forward_meta import StepInputs
 from deepinfer.model_executor.layers import engram_host
-from deepinfer.model_executor.layers.head_gemm import head_logits
+from deepinfer.model_executor.layers.head_gemm import head_logits, head_logits_argmax
 from deepinfer.model_executor.layers.kernel_table import KernelTable
 from deepinfer.model_executor import prefix_state
 from deepinfer.model_executor.layers.rope import RotaryEmbedding
@@ -276,6 +276,14 @@ class DeepseekV4Model(nn.Module):
         """The step's exit, from the last layer's (x, prev_pre): the draft layers' main keys (when
         drafting), the logits rows' HC collapse and final norm, the LM head."""
         return self.compute_logits(self.final_hidden(*state, ctx))
+
+    def finish_argmax(self, state, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`finish`'s logits and each row's argmax where the head computes it alongside (None
+        elsewhere, and on a vocabulary-split head, whose rows hold a slice of the vocabulary)."""
+        h = self.final_hidden(*state, ctx)
+        if self.vocab_shard is not None:
+            return self.compute_logits(h), None
+        return head_logits_argmax(h, self.head.weight, getattr(self.head, "weight_bf16", None))
 
     def final_hidden(self, x, prev_pre, ctx: StepContext) -> torch.Tensor:
         cfg, step = self.cfg, ctx.step

@@ -25,6 +25,9 @@ def host_inputs(model, step: StepInputs) -> StepInputs:
 class RunnerStrategy:
     """Base class: eager, unpadded. Subclasses override `select_bucket`, `prepare` and `forward`."""
     name = "base"
+    # each logits row's argmax from the latest `forward`, where its head computed it alongside the logits
+    # (DeepseekV4Model.finish_argmax), else None: the sampler's greedy rows then skip scanning the logits
+    row_argmax: torch.Tensor | None = None
 
     def __init__(self, model, layout: CacheLayout, platform=None, buckets: BucketSpec | None = None):
         self.model = model

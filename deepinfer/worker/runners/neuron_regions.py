@@ -71,16 +71,17 @@ def _entry(model, buf, layout, cache):
 
 
 def _exit(model, state, ctx):
-    return model.finish(state, ctx)
+    """(logits, each row's argmax or None): DeepseekV4Model.finish_argmax."""
+    return model.finish_argmax(state, ctx)
 
 
 def _whole_step(model, buf, layout, cache):
     """A bucketed step with a compiled exit as one graph (compile scope "step",
     regions.COMPILE_SCOPES): what the entry, the layer regions and the exit run one after another, the
-    decoder layers unrolled."""
+    decoder layers unrolled. Returns what `_exit` returns."""
     tensors, x, prev_pre, tables = _entry(model, buf, layout, cache)
     ctx = StepContext(model, step_pack.rebuild(layout, tensors), cache, tables)
-    return model.finish(model.run_layers(x, prev_pre, ctx), ctx)
+    return model.finish_argmax(model.run_layers(x, prev_pre, ctx), ctx)
 
 
 def _draft(model, buf, layout, cache, rows: int, depth: int):
@@ -355,7 +356,7 @@ class NeuronRegionStrategy(RunnerStrategy):
         gather."""
         noise, packed, meta, rows = int(self.model.cfg.dspark_noise_token_id), inputs.packed, inputs.meta, inputs.rows
         with self._counting(), self.warm_guards.step(("spec", bucket, packed.layout, rows)):
-            logits = self._compiled_forward(packed, cache, self._hook(self._layer_hook(bucket)))
+            logits, _ = self._compiled_forward(packed, cache, self._hook(self._layer_hook(bucket)))
             if self.census is not None:
                 self.census.phase("draft")
             # acceptance and the next draft block: the verification logits never leave the device
@@ -426,18 +427,23 @@ class NeuronRegionStrategy(RunnerStrategy):
         graphs_before, t0 = self.num_graphs, time.perf_counter()
         key = (("step", bucket, step.layout, step.compiled_exit, step.logits_indices is None)
                if bucket is not None and isinstance(step, PackedStep) else None)
+        self.row_argmax = None
         with self._counting(), self.warm_guards.step(key):
             if isinstance(step, PackedStep):
-                logits = self._compiled_forward(step, cache, self._hook(run_layer))
+                logits, row_argmax = self._compiled_forward(step, cache, self._hook(run_layer))
             else:
-                logits = self.model(step, cache, run_layer=self._hook(run_layer))
+                logits, row_argmax = self.model(step, cache, run_layer=self._hook(run_layer)), None
             self._returned(1)
         if self.num_graphs > graphs_before:   # only a bucketed step compiles regions
             logger.info("compiled %d region graphs for a step of %d tokens, context %d, in %.2f s (with its run)",
                         self.num_graphs - graphs_before, bucket.num_tokens, bucket.context, time.perf_counter() - t0)
-        return logits if logits.device.type in ("cpu", "meta") else logits.cpu()   # meta: the device report
+        if logits.device.type in ("cpu", "meta"):   # meta: the device report
+            self.row_argmax = row_argmax
+            return logits
+        return logits.cpu()   # the sampler scans the logits on the host (row_argmax stays None)
 
-    def _compiled_forward(self, packed: PackedStep, cache, run_layer) -> torch.Tensor:
+    def _compiled_forward(self, packed: PackedStep, cache, run_layer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits, each row's argmax or None)."""
         model = self.model
         if self.regions.scope == "step" and packed.compiled_exit:
             return self._region("step", _whole_step, model, packed.buf, packed.layout, cache)
@@ -450,7 +456,7 @@ class NeuronRegionStrategy(RunnerStrategy):
         state = model.run_layers(x, prev_pre, ctx, run_layer)
         if packed.compiled_exit:
             return self._region("exit", _exit, model, state, ctx)
-        return model.finish(state, ctx)
+        return model.finish(state, ctx), None
 
     def _log_new_fp8_sites(self) -> None:
         for line in self.fp8_sites():
