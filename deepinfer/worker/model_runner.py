@@ -106,6 +106,9 @@ class ModelRunner:
         self.transport.publish(prepared)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
+        # cleared first: a forward that computes no argmax (an eager prompt step, any other strategy)
+        # must not leave an earlier step's behind
+        self.strategy.row_argmax = None
         logits = self.strategy.forward(prepared.step, self.cache, prepared.bucket)[: prepared.num_logits]
         # the head's argmax holds for these rows only when they are this rank's own, in order
         ids = self.strategy.row_argmax

@@ -56,6 +56,10 @@ def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monke
     head_copy = getattr(llm.llm_engine.worker.model.head, "weight_bf16", None)
     tiles_head = head_copy is not None and head_copy.dim() == 5
     assert (llm.llm_engine.worker.runner.row_argmax is not None) == tiles_head
+    # a prompt step (eager) after decode steps of two rows, then after decode steps of one row: its
+    # greedy token is its own logits' argmax, never the previous decode step's (ModelRunner.execute)
+    for prompt, expect in [(prompts[1], eager[1]), (prompts[0], eager[0])]:
+        assert token_lists(llm.generate([prompt], GREEDY, use_tqdm=False)) == [expect]
     # step scope: one graph a bucket, no layer region compiled; layer scope: the entry, layers, exit
     regions = set(strategy.regions.stats.regions)
     assert regions == ({"step"} if scope == "step" else {"entry", "layer", "exit"}), regions
