@@ -240,6 +240,14 @@ class DeepseekV4Model(nn.Module):
         ctx = StepContext(self, step, cache, tables)
         return self.finish(self.run_layers(x, prev_pre, ctx, run_layer), ctx)
 
+    @torch.inference_mode()
+    def forward_argmax(self, step: StepInputs, cache: ModelCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`'s logits and each row's argmax where the head computes it (finish_argmax): what
+        the eager runner (worker/runners/eager.py) hands the sampler's greedy rows."""
+        x, prev_pre, tables = self.begin(step, cache)
+        ctx = StepContext(self, step, cache, tables)
+        return self.finish_argmax(self.run_layers(x, prev_pre, ctx), ctx)
+
     def hidden_states(self, step: StepInputs, cache: ModelCache, run_layer=None) -> torch.Tensor:
         x, prev_pre, tables = self.begin(step, cache)
         ctx = StepContext(self, step, cache, tables)

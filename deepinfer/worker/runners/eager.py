@@ -13,4 +13,8 @@ class EagerStrategy(RunnerStrategy):
     name = "eager"
 
     def forward(self, step: StepInputs, cache, bucket: Bucket | None) -> torch.Tensor:
-        return self.model(step, cache)
+        forward_argmax = getattr(self.model, "forward_argmax", None)
+        if forward_argmax is None:
+            return self.model(step, cache)
+        logits, self.row_argmax = forward_argmax(step, cache)   # RunnerStrategy.row_argmax
+        return logits
