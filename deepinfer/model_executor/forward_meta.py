@@ -150,7 +150,7 @@ def build_step_inputs(chunks: list[SeqChunk], layout: CacheLayout, shared_scope:
     The index arithmetic runs in NumPy and the results become tensors without a copy
     (torch.from_numpy): it is ~100 operations on arrays of a few to a few thousand integers, where a
     torch call's dispatch cost dominates (0.62 ms of a ~7 ms compiled batch-1 decode step of the
-    trained tiny V4.1 in torch; numbers in README "Where a compiled step's time goes"). Integer
+    trained tiny V4.1 in torch; README "Compiled CPU decode step", the host's share of a step). Integer
     semantics are the same in both: floor division, floor modulo (`%` on non-negative divisors),
     int64 throughout."""
     nb = len(chunks)
