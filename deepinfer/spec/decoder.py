@@ -53,6 +53,7 @@ class SpecDecoder:
                 return done, None
         out = self.runner.run(chunks, None, scores or None)
         logits = out.logits
+        row_argmax = self.runner.row_argmax   # the head's argmax of these rows, or None (ModelRunner.execute)
         plain, spec = [], []  # (scheduled index, first sampling row)
         row = 0
         for i, (s, c) in enumerate(zip(scheduled, chunks)):
@@ -66,12 +67,11 @@ class SpecDecoder:
         results: dict[int, RowResult] = {}
         if plain:
             idx = torch.tensor([r for _, r in plain], dtype=torch.long, device=logits.device)
-            ids = getattr(self.runner, "row_argmax", None)
-            ids = ids.index_select(0, idx) if ids is not None and ids.shape[0] == logits.shape[0] else None
+            ids = None if row_argmax is None else row_argmax.index_select(0, idx)
             sampled = self.runner.sample(logits.index_select(0, idx), plain_samples, ids)
             results.update(zip((i for i, _ in plain), sampled_rows(sampled)))
         if spec:
-            results.update(self._verify(scheduled, spec, logits))
+            results.update(self._verify(scheduled, spec, logits, row_argmax))
         self.proposer.propose(scheduled, results)
         return StepResult([results[i] for i, s in enumerate(scheduled) if s.do_sample]), out.scores
 
@@ -89,7 +89,7 @@ class SpecDecoder:
                                   {i: (got.drafts[r], got.confidences[r]) for r, i in enumerate(plan.index)})
         return StepResult([results[i] for i, s in enumerate(scheduled) if s.do_sample])
 
-    def _verify(self, scheduled, spec, logits) -> dict[int, RowResult]:
+    def _verify(self, scheduled, spec, logits, row_argmax=None) -> dict[int, RowResult]:
         bmax = max(len(scheduled[i].draft_token_ids) for i, _ in spec)
         vocab = logits.shape[1]
         seqs = [scheduled[i].seq for i, _ in spec]
@@ -123,14 +123,13 @@ class SpecDecoder:
                                   output_ids_per_row=outs,
                                   prompt_ids_per_row=[x.prompt_token_ids for x in seqs],
                                   bitmask_per_row=masks, device=logits.device)
-        # the head's argmax of the rows (ModelRunner.row_argmax) stands for verify's scan when the target
-        # is those very rows, in order
-        ids = getattr(self.runner, "row_argmax", None)
-        row_argmax = None
-        if not copy_rows and ids is not None and ids.shape[0] == logits.shape[0]:
+        # the head's argmax of the logits rows stands for verify's scan when the target is those very
+        # rows, in order (a view)
+        ids = None
+        if not copy_rows and row_argmax is not None:
             first = spec[0][1]
-            row_argmax = ids[first:first + target.shape[0] * target.shape[1]]
-        res = verify(target, drafts.to(logits.device), q, batch, self.runner.sampler, row_argmax=row_argmax)
+            ids = row_argmax[first:first + target.shape[0] * target.shape[1]]
+        res = verify(target, drafts.to(logits.device), q, batch, self.runner.sampler, row_argmax=ids)
         acc, tokens = res.num_accepted.tolist(), res.token_ids.tolist()
         found = {}
         for r, (i, _) in enumerate(spec):

@@ -11,6 +11,7 @@ import torch
 from deepinfer import LLM, SamplingParams
 from deepinfer.platforms.cpu import CpuPlatform
 from deepinfer.spec.oracle_drafts import oracle_drafts
+from tests.support.head_kernel_cases import has_tiles_head
 from tests.support.spec_runs import prompts_of_lengths, token_lists
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -53,9 +54,7 @@ def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monke
     assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
     # the last decode step's greedy rows took the head's argmax where the tiles kernel holds the head
     # (layers/head_gemm.py head_logits_argmax), and scanned the logits elsewhere
-    head_copy = getattr(llm.llm_engine.worker.model.head, "weight_bf16", None)
-    tiles_head = head_copy is not None and head_copy.dim() == 5
-    assert (llm.llm_engine.worker.runner.row_argmax is not None) == tiles_head
+    assert (llm.llm_engine.worker.runner.row_argmax is not None) == has_tiles_head(llm)
     # a prompt step (eager) after decode steps of two rows, then after decode steps of one row: its
     # greedy token is its own logits' argmax, never the previous decode step's (ModelRunner.execute)
     for prompt, expect in [(prompts[1], eager[1]), (prompts[0], eager[0])]:

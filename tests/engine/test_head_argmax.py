@@ -3,6 +3,7 @@ runner: greedy rows take it instead of scanning the logits, and the tokens are t
 steps and in prompt steps that follow them (ModelRunner.execute clears it before every forward)."""
 from deepinfer import LLM, SamplingParams
 from deepinfer.model_executor.models.deepseek_v4 import DeepseekV4Model
+from tests.support.head_kernel_cases import has_tiles_head
 from tests.support.spec_runs import prompts_of_lengths, token_lists
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -18,9 +19,7 @@ def _generate(ckpt, prompts):
 def test_eager_greedy_rows_take_the_heads_argmax_and_keep_the_scans_tokens(tiny_v41_dir, monkeypatch, cpu_platform):
     prompts = prompts_of_lengths([9, 4], seed=6)
     llm, with_head = _generate(tiny_v41_dir, prompts)
-    head_copy = getattr(llm.llm_engine.worker.model.head, "weight_bf16", None)
-    tiles_head = head_copy is not None and head_copy.dim() == 5   # a CPU with a usable AMX unit
-    assert (llm.llm_engine.worker.runner.row_argmax is not None) == tiles_head
+    assert (llm.llm_engine.worker.runner.row_argmax is not None) == has_tiles_head(llm)
     # the same logits, the argmax left to the sampler's scan (layers/row_argmax.py)
     monkeypatch.setattr(DeepseekV4Model, "forward_argmax", lambda self, step, cache: (self(step, cache), None))
     llm, scanned = _generate(tiny_v41_dir, prompts)

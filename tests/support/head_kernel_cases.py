@@ -1,5 +1,6 @@
 """Shared by the LM-head kernel tests (tests/unit/test_bf16_rows_gemm.py, test_bf16_tiles_gemm.py):
-operands, the fp32 dot-product error bound, a model holding only a head, and one torch thread."""
+operands, the fp32 dot-product error bound, a model holding only a head, one torch thread, and
+whether an engine's head takes the tiles kernel (tests/engine/test_head_argmax.py, test_cpu_compiled.py)."""
 import contextlib
 
 import pytest
@@ -44,3 +45,10 @@ def one_thread():
     """The test runs with one torch thread (the head kernels serve one-thread ranks only)."""
     with torch_threads(1):
         yield
+
+
+def has_tiles_head(llm) -> bool:
+    """Whether an engine's LM head carries the platform's packed copy for the AMX tiles kernel (a CPU
+    with a usable AMX unit, one thread): where greedy rows get the head's argmax."""
+    copy = getattr(llm.llm_engine.worker.model.head, "weight_bf16", None)
+    return copy is not None and copy.dim() == 5

@@ -48,7 +48,6 @@ _SOURCE = r"""
 #include <immintrin.h>
 #include <unistd.h>
 #include <sys/syscall.h>
-#include <stdint.h>
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -279,8 +278,11 @@ def _run(h: torch.Tensor, wt: torch.Tensor, v: int, with_ids: bool = False):
     """out [M, v] fp32, and with_ids its rows' argmax [M] int64 (the first maximal index: track_max)."""
     out = torch.empty(h.shape[0], v, dtype=torch.float32)
     ids = torch.empty(h.shape[0], dtype=torch.int64) if with_ids else None
-    rc = _lib.bf16_tiles_gemm_ids(h.data_ptr(), wt.data_ptr(), out.data_ptr(), ids.data_ptr() if with_ids else None,
-                                  h.shape[0], v, h.shape[1])
+    if with_ids:
+        rc = _lib.bf16_tiles_gemm_ids(h.data_ptr(), wt.data_ptr(), out.data_ptr(), ids.data_ptr(),
+                                      h.shape[0], v, h.shape[1])
+    else:
+        rc = _lib.bf16_tiles_gemm(h.data_ptr(), wt.data_ptr(), out.data_ptr(), h.shape[0], v, h.shape[1])
     if rc:
         raise RuntimeError(f"bf16_tiles_gemm: the kernel refused its arguments (code {rc})")
     return (out, ids) if with_ids else out

@@ -33,14 +33,20 @@ BF16_KERNEL_MAX_ROWS = 16
 def head_logits(h: torch.Tensor, weight: torch.Tensor, bf16_weight: torch.Tensor | None = None) -> torch.Tensor:
     """h [T, D] @ weight[V, D]^T -> fp32 [T, V]; bf16_weight: the same values as bf16, row-major [V, D]
     for the rows kernel or packed [V/16, D/32, 16, 16, 2] for the tiles kernel, or None."""
-    # the kernel has no backward: a step that trains the head takes the GEMM
-    training = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    if bf16_weight is not None and not training and h.dtype == torch.float32:
-        if bf16_weight.dim() == 5:   # packed for the AMX tiles kernel: faster at every row count measured
-            return torch.ops.deepinfer.bf16_tiles_gemm(h, bf16_weight)
+    copy = _kernel_copy(h, weight, bf16_weight)
+    if copy is not None:
+        if copy.dim() == 5:   # packed for the AMX tiles kernel: faster at every row count measured
+            return torch.ops.deepinfer.bf16_tiles_gemm(h, copy)
         if h.shape[0] <= BF16_KERNEL_MAX_ROWS:
-            return torch.ops.deepinfer.bf16_rows_gemm(h, bf16_weight)
+            return torch.ops.deepinfer.bf16_rows_gemm(h, copy)
     return (h @ weight.t()).float()
+
+
+def _kernel_copy(h: torch.Tensor, weight: torch.Tensor, bf16_weight: torch.Tensor | None) -> torch.Tensor | None:
+    """bf16_weight when a bf16-weight kernel may take these rows, else None: fp32 rows, and no step that
+    trains the head (the kernels have no backward; such a step takes the GEMM)."""
+    training = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return bf16_weight if bf16_weight is not None and not training and h.dtype == torch.float32 else None
 
 
 def head_logits_argmax(h: torch.Tensor, weight: torch.Tensor,
@@ -48,9 +54,8 @@ def head_logits_argmax(h: torch.Tensor, weight: torch.Tensor,
     """(head_logits(h, weight, bf16_weight), each row's argmax [T] int64 or None): the tiles kernel
     finds the argmax while it stores the logits (layers/bf16_tiles_gemm.py), saving a greedy step
     the second read of [T, V] logits; the other forms return None (the sampler then scans them)."""
-    training = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    if (bf16_weight is not None and bf16_weight.dim() == 5 and not training and h.dtype == torch.float32
-            and bf16_weight.shape[0] > 0):
-        return torch.ops.deepinfer.bf16_tiles_gemm_argmax(h, bf16_weight)
+    copy = _kernel_copy(h, weight, bf16_weight)
+    if copy is not None and copy.dim() == 5 and copy.shape[0] > 0:
+        return torch.ops.deepinfer.bf16_tiles_gemm_argmax(h, copy)
     return head_logits(h, weight, bf16_weight), None
 

@@ -236,22 +236,23 @@ class DeepseekV4Model(nn.Module):
         run_layer(layer, x, prev_pre, ctx, io) -> (x, pre) replaces the plain layer call; graph
         runners pass compiled layer regions here and run `begin` / `finish` as regions of their own
         (worker/runners/neuron_regions.py)."""
-        x, prev_pre, tables = self.begin(step, cache)
-        ctx = StepContext(self, step, cache, tables)
-        return self.finish(self.run_layers(x, prev_pre, ctx, run_layer), ctx)
+        return self.finish(*self._decoded(step, cache, run_layer))
 
     @torch.inference_mode()
     def forward_argmax(self, step: StepInputs, cache: ModelCache) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward`'s logits and each row's argmax where the head computes it (finish_argmax): what
         the eager runner (worker/runners/eager.py) hands the sampler's greedy rows."""
-        x, prev_pre, tables = self.begin(step, cache)
-        ctx = StepContext(self, step, cache, tables)
-        return self.finish_argmax(self.run_layers(x, prev_pre, ctx), ctx)
+        return self.finish_argmax(*self._decoded(step, cache))
 
     def hidden_states(self, step: StepInputs, cache: ModelCache, run_layer=None) -> torch.Tensor:
+        state, ctx = self._decoded(step, cache, run_layer)
+        return self.final_hidden(*state, ctx)
+
+    def _decoded(self, step: StepInputs, cache: ModelCache, run_layer=None):
+        """(the last layer's (x, prev_pre), the step's context): the entry and every decoder layer."""
         x, prev_pre, tables = self.begin(step, cache)
         ctx = StepContext(self, step, cache, tables)
-        return self.final_hidden(*self.run_layers(x, prev_pre, ctx, run_layer), ctx)
+        return self.run_layers(x, prev_pre, ctx, run_layer), ctx
 
     def begin(self, step: StepInputs, cache: ModelCache):
         """The step's entry: prefix-state restores, the embedding spread over the HC streams, the

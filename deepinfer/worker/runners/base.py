@@ -26,7 +26,8 @@ class RunnerStrategy:
     """Base class: eager, unpadded. Subclasses override `select_bucket`, `prepare` and `forward`."""
     name = "base"
     # each logits row's argmax from the latest `forward`, where its head computed it alongside the logits
-    # (DeepseekV4Model.finish_argmax), else None: the sampler's greedy rows then skip scanning the logits
+    # (DeepseekV4Model.finish_argmax), else None: the sampler's greedy rows then skip scanning the logits.
+    # ModelRunner.execute clears it before each forward; a forward that computes one sets it.
     row_argmax: torch.Tensor | None = None
 
     def __init__(self, model, layout: CacheLayout, platform=None, buckets: BucketSpec | None = None):

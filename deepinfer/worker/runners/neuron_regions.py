@@ -427,7 +427,6 @@ class NeuronRegionStrategy(RunnerStrategy):
         graphs_before, t0 = self.num_graphs, time.perf_counter()
         key = (("step", bucket, step.layout, step.compiled_exit, step.logits_indices is None)
                if bucket is not None and isinstance(step, PackedStep) else None)
-        self.row_argmax = None
         with self._counting(), self.warm_guards.step(key):
             if isinstance(step, PackedStep):
                 logits, row_argmax = self._compiled_forward(step, cache, self._hook(run_layer))
