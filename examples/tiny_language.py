@@ -55,13 +55,15 @@ def copy_line(rng: random.Random) -> tuple[list[str], str]:
     return words, "copy: " + " ".join(words) + " ="
 
 
-def lookup_parts(rng: random.Random, long: bool, most_pairs: int | None = None) -> tuple[str, str]:
-    """(prompt ending in `->`, value); `most_pairs` lowers the largest pair count (a training
-    curriculum's shorter lines; the language's lines and prompts never pass it)."""
+def lookup_parts(rng: random.Random, long: bool, most_pairs: int | None = None,
+                 least_pairs: int | None = None) -> tuple[str, str]:
+    """(prompt ending in `->`, value); `most_pairs` lowers the largest pair count and `least_pairs`
+    the smallest (a training curriculum's shorter lines; the language's lines and prompts never
+    pass them)."""
     if long:
         n, keys = rng.randint(200, most_pairs or 800), [f"k{i:03d}" for i in range(1000)]
     else:
-        n, keys = rng.randint(4, most_pairs or 32), [f"k{i:02d}" for i in range(100)]
+        n, keys = rng.randint(least_pairs or 4, most_pairs or 32), [f"k{i:02d}" for i in range(100)]
     chosen = rng.sample(keys, n)
     values = [rng.choice(WORDS) for _ in chosen]
     q = rng.randrange(n)

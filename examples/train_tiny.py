@@ -148,13 +148,14 @@ class DataMix:
     short_lookup_pairs: int = 12
     short_lookup_share: float = 0.5
     lookup_weight: float = 1.0
+    short_lookup_least: int = 4
 
 
 def line_parts(rng: random.Random, kind: str, mix: DataMix = DataMix()) -> tuple[str, str]:
     """(free part, determined part) of one line: what a rule fixes is the count after its second
     number, the copy after ` =`, the lookup's value after ` ->` (with the newline)."""
     if kind == "lookup" and rng.random() < mix.short_lookup_share:
-        head, value = lang.lookup_parts(rng, False, mix.short_lookup_pairs)
+        head, value = lang.lookup_parts(rng, False, mix.short_lookup_pairs, mix.short_lookup_least)
         text = f"{head} {value}\n"
     else:
         text = lang.line(rng, kind)
@@ -291,6 +292,8 @@ def parse_args(argv=None):
                     help="shares of count, copy and lookup lines in the training documents")
     ap.add_argument("--short-lookup-pairs", type=int, default=12,
                     help="a short training lookup has 4 to this many pairs")
+    ap.add_argument("--short-lookup-least", type=int, default=4,
+                    help="a short training lookup has at least this many pairs (the language's have 4)")
     ap.add_argument("--short-lookup-share", type=float, default=0.5, help="share of the lookups that are short")
     ap.add_argument("--lookup-weight", type=float, default=1.0, help="loss weight of a lookup's answer tokens")
     # the second phase starts once the copy heads have formed (near step 340 with the first mix) and
@@ -299,6 +302,7 @@ def parse_args(argv=None):
                     help="from this training step on, draw documents with the --phase2-* mix (-1: never)")
     ap.add_argument("--phase2-shares", default="0.30,0.35,0.35")
     ap.add_argument("--phase2-short-lookup-pairs", type=int, default=6)
+    ap.add_argument("--phase2-short-lookup-least", type=int, default=4)
     ap.add_argument("--phase2-short-lookup-share", type=float, default=0.8)
     ap.add_argument("--phase2-lookup-weight", type=float, default=3.0)
     ap.add_argument("--draft-steps", type=int, default=30)
@@ -312,6 +316,9 @@ def parse_args(argv=None):
     ap.add_argument("--main-from", default=None,
                     help="a checkpoint this script wrote (same --kind): load its main model and skip its "
                          "training (--steps is ignored), then distil the draft layers on it")
+    ap.add_argument("--init-from", default=None,
+                    help="a checkpoint this script wrote (same --kind): train its main model further "
+                         "instead of starting from the seed's initial weights")
     # one thread: on a shared, loaded machine two OpenMP threads wait on each other (small ops ran
     # 15-80x slower with 2 threads than with 1 at a load of 10 on 2 cores, measured)
     ap.add_argument("--threads", type=int, default=1)
@@ -325,8 +332,11 @@ def data_mixes(args) -> tuple[DataMix, DataMix]:
         shares = tuple(float(x) for x in text.split(","))
         if len(shares) != 3 or min(shares) < 0 or sum(shares) <= 0:
             raise SystemExit(f"shares take three non-negative numbers (count, copy, lookup), got {text!r}")
-        return DataMix(shares, getattr(args, pre + "short_lookup_pairs"), getattr(args, pre + "short_lookup_share"),
-                       getattr(args, pre + "lookup_weight"))
+        least, most = getattr(args, pre + "short_lookup_least"), getattr(args, pre + "short_lookup_pairs")
+        if not 1 <= least <= most:
+            raise SystemExit(f"short lookups need 1 <= least <= most pairs, got {least} and {most}")
+        return DataMix(shares, most, getattr(args, pre + "short_lookup_share"),
+                       getattr(args, pre + "lookup_weight"), least)
     return mix(""), mix("phase2_")
 
 
@@ -345,8 +355,15 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     remap[torch.tensor(used)] = torch.arange(len(used))
     g = torch.Generator().manual_seed(args.seed)
     words = word_vectors(dim, args.seed) if args.word_features else None
-    embed_rows = torch.nn.Parameter(number_features(tok, used, dim, g, words))
-    head_rows = torch.nn.Parameter(number_features(tok, used, dim, g, words) / math.sqrt(dim))
+    if args.init_from:
+        # the loaded checkpoint's rows: every token outside the language holds its shared last row
+        rest = next(i for i in range(vocab) if remap[i] == len(used))
+        rows = torch.tensor(used + [rest])
+        embed_rows = torch.nn.Parameter(model.embed.weight.detach()[rows].float().clone())
+        head_rows = torch.nn.Parameter(model.head.weight.detach()[rows].float().clone())
+    else:
+        embed_rows = torch.nn.Parameter(number_features(tok, used, dim, g, words))
+        head_rows = torch.nn.Parameter(number_features(tok, used, dim, g, words) / math.sqrt(dim))
     real_embed = model.embed
     model.embed = torch.nn.Module()
     model.embed.weight = CompactRows(embed_rows, remap)
@@ -466,14 +483,16 @@ def main(argv=None) -> int:
     init = lambda cfg, name, shape: dense_value(cfg, name, shape, args.seed)  # noqa: E731
     work = tempfile.mkdtemp(prefix="train-tiny-")
     try:
-        if args.main_from:
+        if args.main_from and args.init_from:
+            raise SystemExit("--main-from and --init-from exclude each other")
+        if args.main_from or args.init_from:
             # the config this script would train must be the one the loaded checkpoint has, so the
             # written checkpoint (raw's config) describes the weights it holds; config.json is raw as JSON
-            with open(os.path.join(args.main_from, "config.json")) as f:
+            source = args.main_from or args.init_from
+            with open(os.path.join(source, "config.json")) as f:
                 if json.load(f) != json.loads(json.dumps(raw)):
-                    raise SystemExit(f"--main-from {args.main_from}: its config.json is not this script's "
+                    raise SystemExit(f"{source}: its config.json is not this script's "
                                      f"--kind {args.kind} training config")
-            source = args.main_from
         else:
             write_checkpoint(raw, work, init)
             source = work
@@ -495,7 +514,8 @@ def main(argv=None) -> int:
         log(f"setup: {args.kind}, seed {args.seed}, main model from {args.main_from} (not trained here), "
             f"{torch.get_num_threads()} thread(s)")
     else:
-        log(f"setup: {args.kind}, seed {args.seed}, {args.steps} steps of {args.batch} x {args.seq_len} tokens, "
+        start = f", from {args.init_from}" if args.init_from else ""
+        log(f"setup: {args.kind}, seed {args.seed}, {args.steps} steps of {args.batch} x {args.seq_len} tokens{start}, "
             f"{torch.get_num_threads()} thread(s)")
         train_main(model, worker, tok, used, args, log)
     if args.kind == "v41" and args.draft_steps > 0:

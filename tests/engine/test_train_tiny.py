@@ -109,7 +109,7 @@ def test_data_mix_and_its_second_phase():
     never = train_tiny.parse_args(["--kind", "v41", "--out", "x", "--phase2-from", "-1"])
     assert train_tiny.data_mix(never, 10**6) == train_tiny.DataMix()
     late = train_tiny.data_mix(args, 10)
-    assert late == train_tiny.DataMix((0.0, 0.0, 1.0), 5, 1.0, 3.0)
+    assert late == train_tiny.DataMix((0.0, 0.0, 1.0), 5, 1.0, 3.0, 4)
     kinds: list = []
     batch = train_tiny.training_batch(tok, random.Random(0), 4, 96, kinds, late)
     lookup = train_tiny.TRAIN_KINDS.index("lookup")
@@ -125,3 +125,37 @@ def test_data_mix_and_its_second_phase():
         assert "three non-negative" in str(e)
     else:
         raise AssertionError("two shares were accepted")
+    # --short-lookup-least: training lookups below the language's four pairs (a curriculum)
+    two = train_tiny.parse_args(["--kind", "v41", "--out", "x", "--phase2-from", "0", "--phase2-shares", "0,0,1",
+                                 "--phase2-short-lookup-least", "2", "--phase2-short-lookup-pairs", "2",
+                                 "--phase2-short-lookup-share", "1"])
+    text = tok.decode(train_tiny.training_batch(tok, random.Random(0), 2, 96, None, train_tiny.data_mix(two, 0))[0][0][1:])
+    assert all(line.count("=") == 2 for line in text.split("\n")[:-1])
+    inverted = train_tiny.parse_args(["--kind", "v41", "--out", "x", "--short-lookup-least", "7",
+                                      "--short-lookup-pairs", "6"])
+    try:
+        train_tiny.data_mix(inverted, 0)
+    except SystemExit as e:
+        assert "least <= most" in str(e)
+    else:
+        raise AssertionError("least 7 > most 6 pairs was accepted")
+
+
+def test_init_from_starts_from_the_checkpoint(tmp_path):
+    """--init-from trains a written checkpoint further: at learning rate 0 its embedding and head
+    (the compact rows the training starts from, the shared row of the other tokens included) come
+    back byte for byte; another kind's checkpoint is refused."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--kind", "v41", "--batch", "2", "--seq-len", "48", "--draft-steps", "0"]
+    assert train_tiny.main(common + ["--out", str(first), "--steps", "2"]) == 0
+    assert train_tiny.main(common + ["--out", str(second), "--init-from", str(first), "--steps", "1",
+                                     "--lr", "0"]) == 0
+    a, b = _tensors(first), _tensors(second)
+    for name in ("embed.weight", "head.weight"):
+        assert torch.equal(a[name], b[name]), name
+    try:
+        train_tiny.main(["--kind", "v4", "--out", str(tmp_path / "x"), "--init-from", str(first)])
+    except SystemExit as e:
+        assert "training config" in str(e)
+    else:
+        raise AssertionError("a v41 checkpoint was accepted for --kind v4")
