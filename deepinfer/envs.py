@@ -97,6 +97,12 @@ ENV_VARS: list[EnvVar] = [
            "generates fused CPU code; aot_eager traces the same graphs without code generation (fast to "
            "compile, eager speed).",
            ("inductor", "aot_eager")),
+    EnvVar("DEEPINFER_CPU_COMPILE_WRAPPER", "cpp", "choice",
+           "cpu platform, inductor regions (DEEPINFER_CPU_COMPILE=1): cpp compiles the code that calls a "
+           "graph's kernels (allocations, views, shape checks, the GEMM calls) into C++ with the kernels "
+           "(inductor's cpp_wrapper; about 1 ms a step less at batch 1, a longer first compile); python "
+           "runs it as inductor's generated Python.",
+           ("cpp", "python")),
     EnvVar("DEEPINFER_CPU_COMPILE_SCOPE", "step", "choice",
            "cpu platform, compiled steps (DEEPINFER_CPU_COMPILE=1): step compiles each bucket's whole step "
            "(entry, every decoder layer, exit) as one graph; layer compiles Neuron's regions, one a decoder "

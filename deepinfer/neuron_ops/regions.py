@@ -18,6 +18,7 @@ A6, A9, A11), float8 ops unsafe on trn2 (A2, A3) and int64 constants outside the
 """
 from __future__ import annotations
 
+import functools
 import logging
 import types
 import weakref
@@ -170,14 +171,18 @@ class RegionRunner:
     """`run_layer` hooks for DeepseekV4Model.forward: compiled regions per layer kind."""
 
     def __init__(self, backend: str = "aot_eager", split: str = "never", fullgraph: bool = True,
-                 scope: str = "layer"):
+                 scope: str = "layer", inductor_options: dict | None = None):
         """split: the policy of SPLIT_POLICIES (the platform passes DEEPINFER_NEURON_REGION_SPLIT);
         scope: COMPILE_SCOPES (the cpu platform passes DEEPINFER_CPU_COMPILE_SCOPE; a device compiles
-        layers)."""
+        layers); inductor_options: inductor config patches for every region graph (backend inductor
+        only; the cpu platform's DEEPINFER_CPU_COMPILE_WRAPPER)."""
         if backend not in ("aot_eager", "inductor", "eager", "neuron"):
             raise ValueError(f"backend: expected aot_eager, inductor, eager or neuron, got {backend!r}")
         splits(split, 1, 1)   # rejects an unknown policy
+        if inductor_options and backend != "inductor":
+            raise ValueError(f"inductor_options need the inductor backend, got {backend!r}")
         self.backend, self.split, self.fullgraph, self.scope = backend, split, fullgraph, checked_scope(scope)
+        self.inductor_options = dict(inductor_options or {})
         self.stats = RegionStats()
         self._kind_of = weakref.WeakKeyDictionary()   # layer -> kind index (ids get reused)
         self._fns: dict[int, tuple] = {}      # kind index -> compiled callables
@@ -190,6 +195,9 @@ class RegionRunner:
             import torch_neuronx  # noqa: F401  (registers the "neuron" backend; device only)
         from torch._dynamo.backends.registry import lookup_backend
         inner = lookup_backend(self.backend)
+        if self.inductor_options:
+            from torch._inductor.compile_fx import compile_fx
+            inner = functools.partial(compile_fx, config_patches=self.inductor_options)
         stats = self.stats
 
         def backend(gm, example_inputs):

@@ -122,9 +122,14 @@ class CpuPlatform(Platform):
         return {**super().signature(), "compile_backend": envs.get("DEEPINFER_CPU_COMPILE_BACKEND"),
                 "bf16_head": bool(envs.get("DEEPINFER_CPU_BF16_HEAD")),
                 "bf16_head_kernel": envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL"),
-                "skip_warm_guards": self.skip_warm_guards, "compile_scope": envs.get("DEEPINFER_CPU_COMPILE_SCOPE")}
+                "skip_warm_guards": self.skip_warm_guards, "compile_scope": envs.get("DEEPINFER_CPU_COMPILE_SCOPE"),
+                "compile_wrapper": envs.get("DEEPINFER_CPU_COMPILE_WRAPPER")}
 
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner
-        return RegionRunner(backend=envs.get("DEEPINFER_CPU_COMPILE_BACKEND"), split="never",
+        # a C++ wrapper: inductor's Python wrapper costs ~1 ms of a batch-1 step (per-kernel calls,
+        # size asserts, buffer views; docs/architecture.md "Compiled CPU steps")
+        backend = envs.get("DEEPINFER_CPU_COMPILE_BACKEND")
+        cpp = backend == "inductor" and envs.get("DEEPINFER_CPU_COMPILE_WRAPPER") == "cpp"
+        return RegionRunner(backend=backend, split="never", inductor_options={"cpp_wrapper": True} if cpp else None,
                             scope=envs.get("DEEPINFER_CPU_COMPILE_SCOPE"))

@@ -40,6 +40,30 @@ def test_cpu_platform_runner_follows_the_env(monkeypatch):
     assert spec.verify_tokens == 4
 
 
+
+def test_inductor_regions_get_a_cpp_wrapper_unless_the_env_says_python(monkeypatch):
+    """DEEPINFER_CPU_COMPILE_WRAPPER: inductor region graphs compile with cpp_wrapper (the golden
+    inductor test below runs it); python and the aot_eager backend pass no inductor options, and a
+    region runner refuses inductor options for another backend."""
+    import torch._inductor.compile_fx as compile_fx_module
+    from deepinfer.neuron_ops.regions import RegionRunner
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE_BACKEND", "inductor")
+    monkeypatch.delenv("DEEPINFER_CPU_COMPILE_WRAPPER", raising=False)
+    runner = CpuPlatform().region_runner()
+    assert runner.inductor_options == {"cpp_wrapper": True}
+    seen = []
+    monkeypatch.setattr(compile_fx_module, "compile_fx", lambda gm, inputs, config_patches: seen.append(config_patches))
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    runner._backend_for("exit", "exit")(gm, [torch.zeros(2)])
+    assert seen == [{"cpp_wrapper": True}]
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE_WRAPPER", "python")
+    assert CpuPlatform().region_runner().inductor_options == {}
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE_WRAPPER", "cpp")
+    monkeypatch.setenv("DEEPINFER_CPU_COMPILE_BACKEND", "aot_eager")
+    assert CpuPlatform().region_runner().inductor_options == {}
+    with pytest.raises(ValueError, match="inductor backend"):
+        RegionRunner("aot_eager", inductor_options={"cpp_wrapper": True})
+
 @pytest.mark.parametrize("scope", ["step", "layer"])
 @pytest.mark.parametrize("kind", ["v4", "v41"])
 def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monkeypatch, cpu_platform):
