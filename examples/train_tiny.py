@@ -291,7 +291,7 @@ def parse_args(argv=None):
     ap.add_argument("--shares", default="0.30,0.50,0.20",
                     help="shares of count, copy and lookup lines in the training documents")
     ap.add_argument("--short-lookup-pairs", type=int, default=12,
-                    help="a short training lookup has 4 to this many pairs")
+                    help="a short training lookup has --short-lookup-least to this many pairs")
     ap.add_argument("--short-lookup-least", type=int, default=4,
                     help="a short training lookup has at least this many pairs (the language's have 4)")
     ap.add_argument("--short-lookup-share", type=float, default=0.5, help="share of the lookups that are short")

@@ -128,7 +128,7 @@ class CpuPlatform(Platform):
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner
         # a C++ wrapper: inductor's Python wrapper costs ~1 ms of a batch-1 step (per-kernel calls,
-        # size asserts, buffer views; docs/architecture.md "Compiled CPU steps")
+        # size asserts, buffer views; README "Compiled CPU decode step", measured)
         backend = envs.get("DEEPINFER_CPU_COMPILE_BACKEND")
         cpp = backend == "inductor" and envs.get("DEEPINFER_CPU_COMPILE_WRAPPER") == "cpp"
         return RegionRunner(backend=backend, split="never", inductor_options={"cpp_wrapper": True} if cpp else None,
