@@ -357,7 +357,7 @@ def train_main(model, worker, tok, used, args, log) -> tuple[torch.Tensor, torch
     words = word_vectors(dim, args.seed) if args.word_features else None
     if args.init_from:
         # the loaded checkpoint's rows: every token outside the language holds its shared last row
-        rest = next(i for i in range(vocab) if remap[i] == len(used))
+        rest = int((remap == len(used)).nonzero()[0])
         rows = torch.tensor(used + [rest])
         embed_rows = torch.nn.Parameter(model.embed.weight.detach()[rows].float().clone())
         head_rows = torch.nn.Parameter(model.head.weight.detach()[rows].float().clone())

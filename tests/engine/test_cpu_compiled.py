@@ -40,7 +40,6 @@ def test_cpu_platform_runner_follows_the_env(monkeypatch):
     assert spec.verify_tokens == 4
 
 
-
 def test_inductor_regions_get_a_cpp_wrapper_unless_the_env_says_python(monkeypatch):
     """DEEPINFER_CPU_COMPILE_WRAPPER: inductor region graphs compile with cpp_wrapper (the golden
     inductor test below runs it); python and the aot_eager backend pass no inductor options, and a
@@ -63,6 +62,7 @@ def test_inductor_regions_get_a_cpp_wrapper_unless_the_env_says_python(monkeypat
     assert CpuPlatform().region_runner().inductor_options == {}
     with pytest.raises(ValueError, match="inductor backend"):
         RegionRunner("aot_eager", inductor_options={"cpp_wrapper": True})
+
 
 @pytest.mark.parametrize("scope", ["step", "layer"])
 @pytest.mark.parametrize("kind", ["v4", "v41"])
