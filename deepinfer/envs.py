@@ -109,6 +109,11 @@ ENV_VARS: list[EnvVar] = [
            "layer kind plus the entry and exit (more graph calls a step, each paying Dynamo's entry and "
            "inductor's wrapper; neuron_ops/regions.py COMPILE_SCOPES).",
            ("step", "layer")),
+    EnvVar("DEEPINFER_CPU_PREFILL_BUCKETS", None, "int_list",
+           "cpu platform, compiled steps (DEEPINFER_CPU_COMPILE=1): prompt-chunk buckets (tokens), e.g. 64,256; "
+           "a prompt step of at most the largest runs compiled, padded to the smallest that holds it (one graph "
+           "per bucket x context bucket, compiled on first use). Unset: prompt steps run eagerly with the "
+           "fused prompt kernels."),
     EnvVar("DEEPINFER_CPU_KEEP_FREED_MEMORY", True, "bool",
            "cpu platform: when a rank starts, raise glibc's mmap / trim thresholds (256 / 512 MiB, process-"
            "wide) so each step's buffers reuse freed heap pages instead of faulting in fresh ones "

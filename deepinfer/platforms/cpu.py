@@ -3,7 +3,7 @@ decode and verification steps run compiled (worker/runners/cpu_compiled.py: the 
 static buckets of Neuron host mode, neuron_ops/regions.py and model_executor/static_step.py, compiled
 by DEEPINFER_CPU_COMPILE_BACKEND), each step one graph by default (DEEPINFER_CPU_COMPILE_SCOPE=step;
 `layer` compiles Neuron's per-layer regions), prompt steps eagerly with fused elementwise kernels
-(worker/runners/prompt_kernels.py).
+(worker/runners/prompt_kernels.py), or compiled in DEEPINFER_CPU_PREFILL_BUCKETS' buckets.
 `enforce_eager` (or DEEPINFER_CPU_COMPILE=0) is the eager fallback."""
 import logging
 
@@ -99,13 +99,16 @@ class CpuPlatform(Platform):
         """The compiled runner's shapes (None when steps run eagerly, so a test's own strategy keeps its
         buckets). Decode row buckets: powers of two up to next_pow2(max_num_seqs) (a padded row costs a
         row of every GEMM, and this CPU's small-row GEMMs grow with the rows: layers/head_gemm.py); the
-        power-of-two context buckets up to max_model_len (platforms/neuron/buckets.py); no prompt
-        buckets (prompt steps run eagerly). With speculative decoding every row bucket also has a
-        verification shape of 1 + num_speculative_tokens tokens a row."""
+        power-of-two context buckets up to max_model_len (platforms/neuron/buckets.py); prompt buckets
+        only where DEEPINFER_CPU_PREFILL_BUCKETS names them (each costs a compile per context bucket, and
+        a 64-token prompt step runs ~2x faster compiled on the trained tiny V4.1: README "Compiled
+        prompt steps"), else prompt steps run eagerly. With speculative decoding every row bucket also
+        has a verification shape of 1 + num_speculative_tokens tokens a row."""
         if self.runner_strategy != "cpu_compiled":
             return None
         return BucketSpec(batch=batch_buckets(int(engine_config.max_num_seqs)),
-                          contexts=default_context_buckets(engine_config.max_model_len), prefill_tokens=None,
+                          contexts=default_context_buckets(engine_config.max_model_len),
+                          prefill_tokens=envs.get("DEEPINFER_CPU_PREFILL_BUCKETS"),
                           max_model_len=engine_config.max_model_len,
                           verify_tokens=1 + int(getattr(engine_config, "num_speculative_tokens", 0) or 0))
 
@@ -123,7 +126,8 @@ class CpuPlatform(Platform):
                 "bf16_head": bool(envs.get("DEEPINFER_CPU_BF16_HEAD")),
                 "bf16_head_kernel": envs.get("DEEPINFER_CPU_BF16_HEAD_KERNEL"),
                 "skip_warm_guards": self.skip_warm_guards, "compile_scope": envs.get("DEEPINFER_CPU_COMPILE_SCOPE"),
-                "compile_wrapper": envs.get("DEEPINFER_CPU_COMPILE_WRAPPER")}
+                "compile_wrapper": envs.get("DEEPINFER_CPU_COMPILE_WRAPPER"),
+                "prefill_buckets": envs.get("DEEPINFER_CPU_PREFILL_BUCKETS")}
 
     def region_runner(self):
         from deepinfer.neuron_ops.regions import RegionRunner

@@ -270,7 +270,9 @@ def main(argv=None) -> int:
             for b in batches:
                 rec = {"dtype": dtype_name, "weight_format": resolved, "batch": b, "input_len": args.input_len,
                        "output_len": args.output_len, "repeats": args.repeats, "nextn": args.nextn,
-                       "runner": strategy.name, "engine_build_s": build_s}
+                       "runner": strategy.name, "engine_build_s": build_s,
+                       # compiled prompt buckets (DEEPINFER_CPU_PREFILL_BUCKETS), none: prompt steps eager
+                       "prefill_buckets": list(getattr(getattr(strategy, "buckets", None), "prefill_tokens", None) or [])}
                 rec.update(measure_cell(llm, oracle_llm, hf_model, b, args))
                 rec["compile_s"] = getattr(strategy, "compile_s", 0.0)   # compiled regions: paid once
                 records.append(rec)

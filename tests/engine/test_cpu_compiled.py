@@ -38,6 +38,10 @@ def test_cpu_platform_runner_follows_the_env(monkeypatch):
     spec = p.bucket_spec(EngineConfig(model="m", max_num_seqs=5, max_model_len=96, num_speculative_tokens=3))
     assert spec.batch == (1, 2, 4, 8) and spec.contexts == (96,) and spec.prefill_tokens is None
     assert spec.verify_tokens == 4
+    # prompt buckets only where the env names them (sorted, one each); ranks must agree on them
+    monkeypatch.setenv("DEEPINFER_CPU_PREFILL_BUCKETS", "256,64,64")
+    spec = p.bucket_spec(EngineConfig(model="m", max_num_seqs=5, max_model_len=96))
+    assert spec.prefill_tokens == (64, 256) and list(p.signature()["prefill_buckets"]) == [64, 256]
 
 
 def test_inductor_regions_get_a_cpp_wrapper_unless_the_env_says_python(monkeypatch):
@@ -93,6 +97,30 @@ def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monke
     assert llm.llm_engine.worker.model.kernels is not strategy.prompt_kernels
     assert {t for t, _ in strategy.buckets_seen} <= {1, 2} and strategy.buckets_seen
     assert strategy.compile_s > 0
+
+
+@pytest.mark.parametrize("kind", ["v4", "v41"])
+def test_prompt_buckets_compile_prompt_and_mixed_steps_with_the_eager_greedy_tokens(request, kind, monkeypatch,
+                                                                                   cpu_platform):
+    """DEEPINFER_CPU_PREFILL_BUCKETS: prompt chunks (8 tokens of the 11-token prompt, then its last 3
+    with the 5-token prompt) run padded in the 8-token prompt bucket's graph, decode steps in their row
+    buckets; nothing runs eagerly, and the tokens are the eager path's."""
+    ckpt = request.getfixturevalue("tiny_v4_dir" if kind == "v4" else "tiny_v41_dir")
+    prompts = prompts_of_lengths([11, 5], seed=4)
+    eager = token_lists(_llm(ckpt, enforce_eager=True).generate(prompts, GREEDY, use_tqdm=False))
+    _compiled(monkeypatch)
+    monkeypatch.setenv("DEEPINFER_CPU_PREFILL_BUCKETS", "8")
+    llm = _llm(ckpt)
+    strategy = llm.llm_engine.worker.runner.strategy
+    assert strategy.buckets.prefill_tokens == (8,)
+    assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
+    assert strategy.eager_steps == 0 and strategy.fused_prompt_steps == 0
+    seen = {t for t, _ in strategy.buckets_seen}
+    assert 8 in seen and seen <= {1, 2, 8}, strategy.buckets_seen
+    # each prompt alone: the 5-token one padded to 8, the 11-token one in two chunks that fit the bucket
+    for prompt, expect in [(prompts[1], eager[1]), (prompts[0], eager[0])]:
+        assert token_lists(llm.generate([prompt], GREEDY, use_tqdm=False)) == [expect]
+    assert strategy.eager_steps == 0
 
 
 def _plain_then_speculative(ckpt, monkeypatch, seed: int):

@@ -27,6 +27,7 @@ SLOW = {
     # the compiled cpu step: Dynamo traces every layer kind's region (aot_eager), measured at load ~10
     "engine/test_cpu_compiled.py::test_compiled_steps_give_the_eager_greedy_tokens": 1037,
     "engine/test_cpu_compiled.py::test_compiled_verification_gives_the_plain_tokens": 130,
+    "engine/test_cpu_compiled.py::test_prompt_buckets_compile_prompt_and_mixed_steps_with_the_eager_greedy_tokens": 122,
     "engine/test_cpu_compiled.py::test_warm_up_compiles_the_regions_and_the_prompt_kernels_before_the_first_request": 39,
     "engine/test_cpu_compiled.py::test_greedy_speculative_steps_in_one_step_graph_give_plain_greedy": 62,
     # compiled regions of both tiny checkpoints over two step shapes (the v4 case ~33 s, v41 ~131 s)

@@ -10,7 +10,9 @@ entry and exit (neuron_ops/regions.py COMPILE_SCOPES), compiled by torch.compile
 the mHC Sinkhorn iterations, the hyper-connection pre/post and the other elementwise work of a layer
 become a few generated loops around the GEMMs). One graph a step is the default because each graph
 call costs Dynamo's entry and inductor's Python wrapper (README "Compiled CPU decode step").
-Prompt steps fit no bucket and run eagerly, with the kernel table's elementwise kernels (mHC mixes,
+Prompt steps run eagerly unless DEEPINFER_CPU_PREFILL_BUCKETS names prompt buckets (then a prompt
+step of at most the largest is padded to one and runs as that bucket's graph, like Neuron's prompt
+chunks); eager prompt steps use the kernel table's elementwise kernels (mHC mixes,
 pre / post, RMSNorm, RoPE, the compressor's pooling, the sink attention's query chunks) compiled once,
 only their token dimension dynamic (prompt_kernels.py). The compile cost is paid when a bucket (or the
 first prompt step) first runs, or at start-up with EngineConfig.warmup_graphs (the worker logs the
@@ -44,7 +46,7 @@ class CpuCompiledStrategy(NeuronRegionStrategy):
         self._prompt_kernels_built = False   # compiled by warm_up or the first prompt step
 
     def forward(self, step, cache, bucket):
-        if bucket is None:   # a prompt step: eager by design, not a missing bucket
+        if bucket is None:   # a prompt step outside the prompt buckets (if any): eager by design
             self.eager_steps += 1
             if self.prompt_kernels is None:
                 return self.model(step, cache)
