@@ -95,6 +95,18 @@ class CpuPlatform(Platform):
     def runner_strategy(self) -> str:
         return "cpu_compiled" if envs.get("DEEPINFER_CPU_COMPILE") else "eager"
 
+    def validate_config(self, engine_config, model_config) -> None:
+        """Prompt buckets (DEEPINFER_CPU_PREFILL_BUCKETS, compiled runner only) of at least 2 tokens and at
+        most max_num_batched_tokens: a larger one could never be filled, and every step it took would pad
+        to it."""
+        buckets = envs.get("DEEPINFER_CPU_PREFILL_BUCKETS")
+        if not buckets or self.runner_strategy != "cpu_compiled":
+            return
+        limit = int(engine_config.max_num_batched_tokens)
+        if min(buckets) < 2 or max(buckets) > limit:
+            raise ValueError(f"DEEPINFER_CPU_PREFILL_BUCKETS: every bucket must be >= 2 and <= "
+                             f"max_num_batched_tokens ({limit}), got {buckets}")
+
     def bucket_spec(self, engine_config) -> BucketSpec | None:
         """The compiled runner's shapes (None when steps run eagerly, so a test's own strategy keeps its
         buckets). Decode row buckets: powers of two up to next_pow2(max_num_seqs) (a padded row costs a

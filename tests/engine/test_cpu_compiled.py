@@ -42,6 +42,11 @@ def test_cpu_platform_runner_follows_the_env(monkeypatch):
     monkeypatch.setenv("DEEPINFER_CPU_PREFILL_BUCKETS", "256,64,64")
     spec = p.bucket_spec(EngineConfig(model="m", max_num_seqs=5, max_model_len=96))
     assert spec.prefill_tokens == (64, 256) and list(p.signature()["prefill_buckets"]) == [64, 256]
+    p.validate_config(EngineConfig(model="m", max_num_batched_tokens=256), None)
+    for bad in ("1,64", "64,512"):   # too small; larger than a step can be
+        monkeypatch.setenv("DEEPINFER_CPU_PREFILL_BUCKETS", bad)
+        with pytest.raises(ValueError, match="DEEPINFER_CPU_PREFILL_BUCKETS"):
+            p.validate_config(EngineConfig(model="m", max_num_batched_tokens=256), None)
 
 
 def test_inductor_regions_get_a_cpp_wrapper_unless_the_env_says_python(monkeypatch):
