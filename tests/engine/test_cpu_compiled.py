@@ -107,23 +107,28 @@ def test_compiled_steps_give_the_eager_greedy_tokens(request, kind, scope, monke
 @pytest.mark.parametrize("kind", ["v4", "v41"])
 def test_prompt_buckets_compile_prompt_and_mixed_steps_with_the_eager_greedy_tokens(request, kind, monkeypatch,
                                                                                    cpu_platform):
-    """DEEPINFER_CPU_PREFILL_BUCKETS: prompt chunks (8 tokens of the 11-token prompt, then its last 3
-    with the 5-token prompt) run padded in the 8-token prompt bucket's graph, decode steps in their row
-    buckets; nothing runs eagerly, and the tokens are the eager path's."""
+    """DEEPINFER_CPU_PREFILL_BUCKETS: steps with prompt chunks (8 tokens a step: the 5-token prompt
+    and the 11-token one's first chunk, then decode rows beside its later chunks) run padded in the
+    8-token prompt bucket's graph, decode steps in their row buckets; nothing runs eagerly, and the
+    tokens are the eager path's."""
     ckpt = request.getfixturevalue("tiny_v4_dir" if kind == "v4" else "tiny_v41_dir")
-    prompts = prompts_of_lengths([11, 5], seed=4)
+    prompts = prompts_of_lengths([5, 11], seed=4)
     eager = token_lists(_llm(ckpt, enforce_eager=True).generate(prompts, GREEDY, use_tqdm=False))
     _compiled(monkeypatch)
     monkeypatch.setenv("DEEPINFER_CPU_PREFILL_BUCKETS", "8")
     llm = _llm(ckpt)
     strategy = llm.llm_engine.worker.runner.strategy
     assert strategy.buckets.prefill_tokens == (8,)
+    steps = []
+    llm.llm_engine.timing_hook = lambda t: steps.append((t.num_prefill_tokens, t.num_decode_tokens))
     assert token_lists(llm.generate(prompts, GREEDY, use_tqdm=False)) == eager
+    llm.llm_engine.timing_hook = None
+    assert any(p and d for p, d in steps), steps   # a mixed step: a prompt chunk beside a decode row
     assert strategy.eager_steps == 0 and strategy.fused_prompt_steps == 0
     seen = {t for t, _ in strategy.buckets_seen}
     assert 8 in seen and seen <= {1, 2, 8}, strategy.buckets_seen
     # each prompt alone: the 5-token one padded to 8, the 11-token one in two chunks that fit the bucket
-    for prompt, expect in [(prompts[1], eager[1]), (prompts[0], eager[0])]:
+    for prompt, expect in [(prompts[0], eager[0]), (prompts[1], eager[1])]:
         assert token_lists(llm.generate([prompt], GREEDY, use_tqdm=False)) == [expect]
     assert strategy.eager_steps == 0
 
