@@ -14,7 +14,7 @@ from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.platforms.host_allocator import keep_freed_memory
 from deepinfer.platforms.huge_pages import on_huge_pages
 from deepinfer.platforms.interface import Platform
-from deepinfer.platforms.neuron.buckets import batch_buckets, default_context_buckets
+from deepinfer.platforms.neuron.buckets import batch_buckets, check_prompt_buckets, default_context_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -96,16 +96,10 @@ class CpuPlatform(Platform):
         return "cpu_compiled" if envs.get("DEEPINFER_CPU_COMPILE") else "eager"
 
     def validate_config(self, engine_config, model_config) -> None:
-        """Prompt buckets (DEEPINFER_CPU_PREFILL_BUCKETS, compiled runner only) of at least 2 tokens and at
-        most max_num_batched_tokens: a larger one could never be filled, and every step it took would pad
-        to it."""
-        buckets = envs.get("DEEPINFER_CPU_PREFILL_BUCKETS")
-        if not buckets or self.runner_strategy != "cpu_compiled":
-            return
-        limit = int(engine_config.max_num_batched_tokens)
-        if min(buckets) < 2 or max(buckets) > limit:
-            raise ValueError(f"DEEPINFER_CPU_PREFILL_BUCKETS: every bucket must be >= 2 and <= "
-                             f"max_num_batched_tokens ({limit}), got {buckets}")
+        """The compiled runner's prompt buckets (DEEPINFER_CPU_PREFILL_BUCKETS) fit a step."""
+        if self.runner_strategy == "cpu_compiled":
+            check_prompt_buckets("DEEPINFER_CPU_PREFILL_BUCKETS", envs.get("DEEPINFER_CPU_PREFILL_BUCKETS"),
+                                 engine_config.max_num_batched_tokens)
 
     def bucket_spec(self, engine_config) -> BucketSpec | None:
         """The compiled runner's shapes (None when steps run eagerly, so a test's own strategy keeps its
@@ -114,8 +108,8 @@ class CpuPlatform(Platform):
         power-of-two context buckets up to max_model_len (platforms/neuron/buckets.py); prompt buckets
         only where DEEPINFER_CPU_PREFILL_BUCKETS names them (each costs a compile per context bucket, and
         a 64-token prompt step of the trained tiny V4.1 took 0.54x the eager time compiled: README
-        "Compiled prompt steps"), else prompt steps run eagerly. With speculative decoding every row bucket also
-        has a verification shape of 1 + num_speculative_tokens tokens a row."""
+        "Compiled prompt steps"), else prompt steps run eagerly. With speculative decoding every row
+        bucket also has a verification shape of 1 + num_speculative_tokens tokens a row."""
         if self.runner_strategy != "cpu_compiled":
             return None
         return BucketSpec(batch=batch_buckets(int(engine_config.max_num_seqs)),

@@ -34,6 +34,16 @@ def default_context_buckets(max_model_len: int | None) -> tuple[int, ...] | None
     return None if max_model_len is None else (int(max_model_len),)
 
 
+def check_prompt_buckets(env_name: str, buckets, max_num_batched_tokens: int) -> None:
+    """Prompt-chunk buckets named by `env_name` (the Neuron or cpu platform's variable): each at least
+    2 tokens and at most max_num_batched_tokens (a larger one is never filled, and every step it
+    took would pad to it)."""
+    limit = int(max_num_batched_tokens)
+    if buckets and (min(buckets) < 2 or max(buckets) > limit):
+        raise ValueError(f"{env_name}: every bucket must be >= 2 and <= max_num_batched_tokens ({limit}), "
+                         f"got {buckets}")
+
+
 def default_verify_rows(rows: tuple[int, ...], verify_tokens: int) -> tuple[int, ...]:
     """The row buckets whose verification bucket (rows x verify_tokens up to a power of two) holds at
     most the largest row bucket's tokens: e.g. 8 rows x 6 = 48 -> 64 tokens, the decode bucket of 64

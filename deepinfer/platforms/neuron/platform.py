@@ -21,7 +21,8 @@ from deepinfer.model_executor.static_step import BucketSpec
 from deepinfer.neuron_ops.fp8 import ACT_FP8_MAX
 from deepinfer.platforms.interface import Platform
 from deepinfer.platforms.neuron import compile_cache
-from deepinfer.platforms.neuron.buckets import default_context_buckets, default_row_buckets, default_verify_rows
+from deepinfer.platforms.neuron.buckets import (check_prompt_buckets, default_context_buckets, default_row_buckets,
+                                                default_verify_rows)
 
 # docs/neuron.md §7, §2.3: let neuronx-cc read torch's float8_e4m3fn bytes as trn2's IEEE e4m3.
 FP8_COMPILER_FLAG = "--internal-hlo2tensorizer-options=--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
@@ -132,9 +133,7 @@ class NeuronPlatform(Platform):
             raise ValueError(f"DEEPINFER_NEURON_ROW_BUCKETS: the largest bucket ({max(self.row_buckets)}) must be "
                              f">= max_num_seqs ({engine_config.max_num_seqs})")
         self.compile_cache_dir = compile_cache.resolve_dir(getattr(engine_config, "compile_cache_dir", None))
-        if self.prefill_bucket and max(self.prefill_bucket) > max_tokens:
-            raise ValueError(f"DEEPINFER_NEURON_PREFILL_BUCKET: every bucket must be <= max_num_batched_tokens "
-                             f"({max_tokens}), got {self.prefill_bucket}")
+        check_prompt_buckets("DEEPINFER_NEURON_PREFILL_BUCKET", self.prefill_bucket, max_tokens)
         if self.ctx_buckets and max_len is not None and max(self.ctx_buckets) < max_len:
             raise ValueError(f"DEEPINFER_NEURON_CTX_BUCKETS: the largest bucket ({max(self.ctx_buckets)}) must be "
                              f">= max_model_len ({max_len})")
