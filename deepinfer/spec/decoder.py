@@ -9,7 +9,10 @@ For the scheduled rows (engine/scheduler.py; the worker, worker/worker.py, built
    with drafts go through spec/verify.py: greedy accepts while the draft equals the argmax, sampled
    accepts with probability min(1, p/q) and resamples from the residual, every draw keyed by
    (seed, position). Depth j is judged under the bans (stop_rules.banned_token_ids `ahead` j) and
-   grammar mask it would have as the j-th next output;
+   grammar mask it would have as the j-th next output. When every row with drafts is greedy with plain
+   argmaxes at the depths it verifies (no bans, grammar, bias, penalty or logprobs there), the greedy
+   rule reads the head's argmax (or one argmax scan of those rows) in plain Python instead
+   (`_verify_argmax`: the same tokens, without the per-depth sampling state);
 3. every sampling row then gets its next drafts (spec/proposer.py).
 
 When every sampling row is greedy with plain argmaxes (spec/greedy_step.py on_device_step), the
@@ -28,8 +31,9 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.model_executor.layers.row_argmax import first_argmax
 from deepinfer.spec.greedy_step import GreedySpecPlan, on_device_step
-from deepinfer.spec.proposer import DraftProposer, depth_bans, grammar_masks
+from deepinfer.spec.proposer import DraftProposer, argmax_drafts, depth_bans, grammar_masks
 from deepinfer.spec.verify import VerifyBatch, verify
 from deepinfer.step_result import RowResult, StepResult, sampled_rows
 
@@ -71,7 +75,8 @@ class SpecDecoder:
             sampled = self.runner.sample(logits.index_select(0, idx), plain_samples, ids)
             results.update(zip((i for i, _ in plain), sampled_rows(sampled)))
         if spec:
-            results.update(self._verify(scheduled, spec, logits, row_argmax))
+            results.update(self._verify_argmax(scheduled, spec, logits, row_argmax)
+                           or self._verify(scheduled, spec, logits, row_argmax))
         self.proposer.propose(scheduled, results)
         return StepResult([results[i] for i, s in enumerate(scheduled) if s.do_sample]), out.scores
 
@@ -88,6 +93,37 @@ class SpecDecoder:
         self.proposer.take_drafts(scheduled, results,
                                   {i: (got.drafts[r], got.confidences[r]) for r, i in enumerate(plan.index)})
         return StepResult([results[i] for i, s in enumerate(scheduled) if s.do_sample])
+
+    def _verify_argmax(self, scheduled, spec, logits, row_argmax=None) -> dict[int, RowResult] | None:
+        """The rows' results when every row with drafts is greedy with plain argmaxes at each depth it
+        verifies and asks for no logprobs (proposer.argmax_drafts, as greedy_step.on_device_step asks of
+        the device program), else None (then `_verify`). Such a row's tokens are the argmaxes of its
+        verification rows, ties to the lowest id, and it accepts while they equal its drafts: spec/verify.py's
+        greedy rule, read from the head's argmax where it computed one (else one first_argmax over those
+        rows) in plain Python, without the sampling state `_verify` builds for every depth. With oracle
+        drafts at batch 1 that state cost ~0.6 ms of a ~14 ms verification step of the trained tiny V4.1
+        (examples/bench/bench_offline.py --oracle-drafts)."""
+        drafts = [list(scheduled[i].draft_token_ids) for i, _ in spec]
+        for (i, _), d in zip(spec, drafts):
+            seq = scheduled[i].seq
+            if seq.sampling_params.logprobs is not None or not argmax_drafts(seq, self.eos_ids, 0, len(d) + 1):
+                return None
+        rows = [first + j for (_, first), d in zip(spec, drafts) for j in range(len(d) + 1)]
+        if row_argmax is not None:
+            every = row_argmax.tolist()
+            top = [every[r] for r in rows]
+        else:
+            idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            top = first_argmax(logits.index_select(0, idx).float().contiguous()).tolist()
+        found, k = {}, 0
+        for (i, _), d in zip(spec, drafts):
+            ids = top[k:k + len(d) + 1]
+            k += len(d) + 1
+            acc = 0
+            while acc < len(d) and d[acc] == ids[acc]:
+                acc += 1
+            found[i] = RowResult([(t, None, None, []) for t in ids[:acc + 1]], num_drafts=len(d), num_accepted=acc)
+        return found
 
     def _verify(self, scheduled, spec, logits, row_argmax=None) -> dict[int, RowResult]:
         bmax = max(len(scheduled[i].draft_token_ids) for i, _ in spec)
