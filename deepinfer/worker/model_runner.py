@@ -85,6 +85,14 @@ class RunnerTiming:
     sample_s: float = 0.0
 
 
+def _plain_argmax(s: SampleRequest) -> bool:
+    """Whether the sampler's token for `s` is its row's raw argmax and all it reports: greedy, no ban,
+    grammar mask, logit bias, penalty or logprobs."""
+    p = s.params
+    return (p.is_greedy and not s.banned_ids and s.bitmask is None and p.logprobs is None and not p.logit_bias
+            and not p.penalises_output and not p.penalises_repetition)
+
+
 class ModelRunner:
     def __init__(self, model, cache, layout, strategy: RunnerStrategy, sampler: Sampler | None = None,
                  transport: StepTransport | None = None):
@@ -135,6 +143,12 @@ class ModelRunner:
         """row_argmax: each logits row's argmax when known (the head's, `execute`), else None."""
         if len(samples) != logits.shape[0]:
             raise ValueError(f"{logits.shape[0]} logits rows but {len(samples)} sample requests")
+        if row_argmax is not None and all(map(_plain_argmax, samples)):
+            # every row's token is its argmax and nothing else is asked: the head's argmax is the
+            # sampler's answer (Sampler.greedy_tokens, ties to the lowest id), without building the
+            # batch's per-row state (seeds, draws, bans): ~0.25 against ~0.05 ms of a batch-1 step on
+            # the trained tiny V4.1 (README "Greedy verification without the sampling state")
+            return SamplerOutput(token_ids=row_argmax.to(torch.int64, copy=True))
         batch = SamplingBatch.build([s.params for s in samples], [s.position for s in samples],
                                     seeds=[s.seed for s in samples],
                                     banned_ids_per_row=[s.banned_ids for s in samples], device=logits.device,
