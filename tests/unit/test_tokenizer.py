@@ -89,6 +89,20 @@ def test_special_tokens_skipped_or_kept(tok):
     assert "".join(kept) == tok.decode(ids, skip_special_tokens=False) == "Hi<｜User｜> there<｜end▁of▁sentence｜>"
 
 
+def test_decode_equals_transformers_decode(tok):
+    """Tokenizer.decode calls the tokenizers backend directly: the text of transformers' decode without
+    the space clean-up, on text, special and added tokens, and ids that split a character."""
+    import random
+    rng = random.Random(0)
+    cases = [tok.encode(t, add_bos=False) for t in TEXTS]
+    cases += [[rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 12))] for _ in range(200)]
+    cases += [[BOS, 128803] + tok.encode(" a b", add_bos=False) + [EOS], tok.encode("😀", add_bos=False)[:1], []]
+    for ids in cases:
+        for skip in (True, False):
+            assert tok.decode(ids, skip_special_tokens=skip) == tok.hf.decode(
+                ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False), (ids, skip)
+
+
 def test_prompt_context_does_not_leak_into_output(tok):
     prompt = tok.encode("你好，世界")
     out = tok.encode("！再见 😀", add_bos=False)
