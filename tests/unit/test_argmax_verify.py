@@ -1,7 +1,8 @@
 """The host's plain-argmax verification (spec/decoder.py SpecDecoder._verify_argmax) against its general
 verification (`_verify`: a VerifyBatch, spec/verify.py) on logits with exact ties and ties by one ulp:
 the same emitted tokens and accepted counts for rows of different draft counts, read from the head's
-argmax or from the logits; rows that need the sampler (logprobs, a min_tokens ban) go the general way."""
+argmax or from the logits; rows that need the sampler (logprobs, a min_tokens ban, a logit bias, a sampled
+row) go the general way."""
 import torch
 
 from deepinfer.model_executor.layers.sampler import Sampler
