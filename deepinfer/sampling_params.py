@@ -198,6 +198,13 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     @property
+    def greedy_raw_argmax(self) -> bool:
+        """Greedy with no logit bias or penalty: the token is the raw logits' argmax, unless a ban or a
+        grammar mask (per row, not in these parameters) takes it out."""
+        return (self.is_greedy and not self.logit_bias and not self.penalises_output
+                and not self.penalises_repetition)
+
+    @property
     def effective_temperature(self) -> float:
         """The temperature the sampler divides by (greedy clamps to 1e-5, docs/model.md §6.1)."""
         return max(float(self.temperature), GREEDY_TEMPERATURE)

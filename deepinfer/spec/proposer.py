@@ -146,8 +146,7 @@ def argmax_drafts(seq, eos_ids, emitted: int, depths: int) -> bool:
     min_tokens ban at any depth; layers/sampler.py step a and 0). Such rows can draft on the device
     (ModelRunner.draft_greedy) with the draws the host sampler would make, ties to the lowest id."""
     p = seq.sampling_params
-    return (p.is_greedy and seq.grammar is None and not p.logit_bias and not p.penalises_output
-            and not p.penalises_repetition
+    return (p.greedy_raw_argmax and seq.grammar is None
             and not any(depth_bans(seq, eos_ids, emitted + k) for k in range(depths)))
 
 

@@ -88,9 +88,7 @@ class RunnerTiming:
 def _plain_argmax(s: SampleRequest) -> bool:
     """Whether the sampler's token for `s` is its row's raw argmax and all it reports: greedy, no ban,
     grammar mask, logit bias, penalty or logprobs."""
-    p = s.params
-    return (p.is_greedy and not s.banned_ids and s.bitmask is None and p.logprobs is None and not p.logit_bias
-            and not p.penalises_output and not p.penalises_repetition)
+    return s.params.greedy_raw_argmax and s.params.logprobs is None and not s.banned_ids and s.bitmask is None
 
 
 class ModelRunner:
